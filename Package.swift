@@ -1,0 +1,102 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let upcoming: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "Gatehouse",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "gatehouse", targets: ["gatehouse"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", exact: "2.28.1"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", exact: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-crypto.git", exact: "4.5.2"),
+        .package(url: "https://github.com/vapor/sqlite-nio.git", exact: "1.13.2"),
+        .package(url: "https://github.com/jpsim/Yams.git", exact: "6.2.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", exact: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", exact: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", exact: "2.101.3"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", exact: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", exact: "1.8.0"),
+    ],
+    targets: [
+        .target(
+            name: "GatehouseCore",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            name: "GatehouseStore",
+            dependencies: [
+                "GatehouseCore",
+                .product(name: "SQLiteNIO", package: "sqlite-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            name: "GatehouseUpstreams",
+            dependencies: [
+                "GatehouseCore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            name: "GatehouseServer",
+            dependencies: [
+                "GatehouseCore",
+                "GatehouseStore",
+                "GatehouseUpstreams",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Yams", package: "Yams"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .executableTarget(
+            name: "gatehouse",
+            dependencies: [
+                "GatehouseServer",
+                "GatehouseCore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseCoreTests",
+            dependencies: ["GatehouseCore"],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseServerTests",
+            dependencies: [
+                "GatehouseServer",
+                "GatehouseStore",
+                "GatehouseCore",
+                "GatehouseUpstreams",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+    ]
+)

@@ -1,0 +1,68 @@
+/// A validated `/oauth/authorize` request (RFC 6749 §4.1.1 with RFC 7636 §4.3).
+public struct AuthorizationRequest: Sendable, Equatable {
+    public var clientID: String
+    public var redirectURI: String
+    public var state: String
+    public var codeChallenge: String
+    public var scopes: [String]
+}
+
+/// What Gatehouse does with an authorization request.
+public enum AuthorizationDecision: Sendable, Equatable {
+    /// The app or its redirect URI cannot be trusted: show an error page, never redirect (RFC 6749 §4.1.2.1).
+    case refuse(GatehouseProblem)
+    /// The redirect URI is trusted: send the error back to the app with its state.
+    case redirectError(redirectURI: String, error: OAuthError, state: String?)
+    /// Everything checks out: begin a transaction.
+    case proceed(AuthorizationRequest)
+}
+
+extension AuthorizationRequest {
+    /// Decides on an authorization request. Client and redirect URI are checked first: until
+    /// both are known good, no error may be redirected anywhere.
+    public static func decide(_ parameters: FormParameters, clients: [String: AppClient]) -> AuthorizationDecision {
+        guard let clientID = parameters["client_id"] else {
+            return .refuse(.unknownClient("The request has no client_id."))
+        }
+        guard let client = clients[clientID] else {
+            return .refuse(.unknownClient("No app is registered with this client_id."))
+        }
+        guard let redirectURI = parameters["redirect_uri"] else {
+            return .refuse(.invalidRedirectURI("The request has no redirect_uri; native apps must send one (RFC 8252 §8.4)."))
+        }
+        guard client.registeredRedirect(matching: redirectURI) != nil else {
+            return .refuse(.invalidRedirectURI("The redirect_uri is not registered for this app. It must match exactly."))
+        }
+        let state = parameters["state"]
+        func fail(_ error: OAuthError) -> AuthorizationDecision {
+            .redirectError(redirectURI: redirectURI, error: error, state: state)
+        }
+        guard let responseType = parameters["response_type"] else {
+            return fail(.invalidRequest("response_type is required"))
+        }
+        guard responseType == "code" else {
+            return fail(.unsupportedResponseType("only response_type=code is supported"))
+        }
+        guard let state else {
+            return fail(.invalidRequest("state is required"))
+        }
+        guard let challenge = parameters["code_challenge"] else {
+            return fail(.invalidRequest("code_challenge is required (PKCE, RFC 7636)"))
+        }
+        guard let method = parameters["code_challenge_method"] else {
+            return fail(.invalidRequest("code_challenge_method is required and must be S256"))
+        }
+        guard method == PKCE.method else {
+            return fail(.invalidRequest("code_challenge_method must be S256; plain is not accepted"))
+        }
+        guard PKCE.isWellFormedChallenge(challenge) else {
+            return fail(.invalidRequest("code_challenge must be 43 base64url characters (S256)"))
+        }
+        let requested = parameters["scope"].map { $0.split(separator: " ").map(String.init) } ?? client.scopes
+        if let unknown = requested.first(where: { !client.scopes.contains($0) }) {
+            return fail(.invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app"))
+        }
+        return .proceed(AuthorizationRequest(clientID: clientID, redirectURI: redirectURI, state: state,
+                                             codeChallenge: challenge, scopes: requested))
+    }
+}

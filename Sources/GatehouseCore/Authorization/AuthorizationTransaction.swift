@@ -1,0 +1,34 @@
+public import Foundation
+
+/// One sign-in in flight: what the app asked for at `/oauth/authorize`, kept until the upstream
+/// answers. Stored under the SHA-256 of Gatehouse's own `state` and consumed exactly once.
+public struct AuthorizationTransaction: Sendable, Codable, Equatable {
+    public var clientID: String
+    /// The redirect URI exactly as the app sent it.
+    public var redirectURI: String
+    /// The app's own `state`, returned to it untouched.
+    public var appState: String
+    /// The app's S256 `code_challenge`; the app's `code_verifier` must match it.
+    public var codeChallenge: String
+    public var scopes: [String]
+    public var upstream: String
+    public var wiring: UpstreamWiring
+    /// Gatehouse's own PKCE verifier toward an upstream that takes PKCE (callback mode).
+    public var upstreamCodeVerifier: String?
+    public var expiresAt: Date
+
+    public init(clientID: String, redirectURI: String, appState: String, codeChallenge: String, scopes: [String],
+                upstream: String, wiring: UpstreamWiring, upstreamCodeVerifier: String?, expiresAt: Date) {
+        self.clientID = clientID
+        self.redirectURI = redirectURI
+        self.appState = appState
+        self.codeChallenge = codeChallenge
+        self.scopes = scopes
+        self.upstream = upstream
+        self.wiring = wiring
+        self.upstreamCodeVerifier = upstreamCodeVerifier
+        self.expiresAt = expiresAt
+    }
+}
+
+extension UpstreamWiring: Codable {}

@@ -1,0 +1,45 @@
+public import Foundation
+import Crypto
+
+/// What a Gatehouse authorization code stands for until the app redeems it (≤ 60 s, single use).
+///
+/// The store never sees the code nor the tokens: it keeps the code's SHA-256 as the key and
+/// this value sealed with AES-256-GCM under a key derived from the code itself (HKDF-SHA256),
+/// so a copy of the database cannot redeem a code or read the upstream tokens behind it.
+public struct IssuedCode: Sendable, Codable, Equatable {
+    public var clientID: String
+    public var redirectURI: String
+    public var codeChallenge: String
+    public var upstream: String
+    /// The upstream's token response, as JSON.
+    public var tokenResponse: Data
+
+    public init(clientID: String, redirectURI: String, codeChallenge: String, upstream: String, tokenResponse: Data) {
+        self.clientID = clientID
+        self.redirectURI = redirectURI
+        self.codeChallenge = codeChallenge
+        self.upstream = upstream
+        self.tokenResponse = tokenResponse
+    }
+
+    /// Encrypts the value under a key derived from `code`.
+    public func sealed(with code: String) throws -> Data {
+        let plaintext = try JSONEncoder().encode(self)
+        guard let combined = try AES.GCM.seal(plaintext, using: Self.key(for: code)).combined else {
+            throw CryptoKitError.incorrectParameterSize
+        }
+        return combined
+    }
+
+    /// Decrypts a value sealed with `code`; throws when the code is not the one that sealed it.
+    public static func unsealed(_ data: Data, with code: String) throws -> IssuedCode {
+        let box = try AES.GCM.SealedBox(combined: data)
+        let plaintext = try AES.GCM.open(box, using: key(for: code))
+        return try JSONDecoder().decode(IssuedCode.self, from: plaintext)
+    }
+
+    private static func key(for code: String) -> SymmetricKey {
+        HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: Data(code.utf8)),
+                               info: Data("gatehouse issued-code v1".utf8), outputByteCount: 32)
+    }
+}

@@ -1,0 +1,203 @@
+extension GatehouseConfiguration {
+    /// Where the configuration reads secrets from: the process environment and files.
+    public struct SecretLookup: Sendable {
+        public var environment: @Sendable (String) -> String?
+        public var readFile: @Sendable (String) throws -> String
+
+        public init(environment: @escaping @Sendable (String) -> String?, readFile: @escaping @Sendable (String) throws -> String) {
+            self.environment = environment
+            self.readFile = readFile
+        }
+    }
+
+    /// Validates a configuration document, listing every problem with its path and line.
+    ///
+    /// Unknown keys are errors. Secrets are read through `secrets`; a secret written inline
+    /// is refused.
+    public static func decode(_ root: ConfigNode, secrets: SecretLookup) throws(ConfigErrors) -> GatehouseConfiguration {
+        let reader = ConfigReader()
+        let decoded = decode(root, reader: reader, secrets: secrets)
+        guard reader.problems.isEmpty, let decoded else {
+            throw ConfigErrors(problems: reader.problems.isEmpty
+                ? [ConfigProblem(path: "(document)", line: root.line, message: "is not a valid configuration")]
+                : reader.problems)
+        }
+        return decoded
+    }
+
+    private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup) -> GatehouseConfiguration? {
+        guard let top = reader.mapping(root, at: "") else { return nil }
+        let server = top.mapping("server", required: true).flatMap { decodeServer($0) }
+        let store = top.mapping("store", required: true).flatMap { decodeStore($0) }
+
+        var upstreams: [String: UpstreamSettings] = [:]
+        for item in top.list("upstreams", required: true) ?? [] {
+            guard let map = reader.mapping(item.node, at: item.path),
+                  let upstream = decodeUpstream(map, secrets: secrets) else { continue }
+            if upstreams[upstream.name] != nil {
+                reader.report(item.path + ".name", item.node, "'\(upstream.name)' is used by another upstream")
+            }
+            upstreams[upstream.name] = upstream
+        }
+
+        var clients: [String: AppClient] = [:]
+        for item in top.list("clients", required: true) ?? [] {
+            guard let map = reader.mapping(item.node, at: item.path),
+                  let client = decodeClient(map, upstreams: upstreams) else { continue }
+            if clients[client.clientID] != nil {
+                reader.report(item.path + ".client_id", item.node, "'\(client.clientID)' is used by another client")
+            }
+            clients[client.clientID] = client
+        }
+        top.finish()
+        guard let server, let store else { return nil }
+        return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients)
+    }
+
+    private static func decodeServer(_ map: MappingReader) -> ServerSettings? {
+        let base = map.string("public_base_url", required: true)
+        if let base, let problem = problemWithEndpoint(base, allowPath: true) ?? (base.hasSuffix("/") ? "must not end with '/'" : nil) {
+            map.reader.report(map.childPath("public_base_url"), map.value("public_base_url"), problem)
+        }
+        var settings = ServerSettings(publicBaseURL: base ?? "")
+        settings.host = map.string("host") ?? settings.host
+        settings.port = map.integer("port", in: 0...65535) ?? settings.port
+        settings.transactionLifetime = map.duration("transaction_lifetime", in: .seconds(10)...(.seconds(600))) ?? settings.transactionLifetime
+        settings.codeLifetime = map.duration("code_lifetime", in: .seconds(5)...(.seconds(60))) ?? settings.codeLifetime
+        settings.maximumBodyBytes = map.integer("max_body_bytes", in: 1024...(1024 * 1024)) ?? settings.maximumBodyBytes
+        settings.upstreamConnectTimeout = map.duration("upstream_connect_timeout", in: .milliseconds(10)...(.seconds(60)))
+            ?? settings.upstreamConnectTimeout
+        map.finish()
+        return base == nil ? nil : settings
+    }
+
+    private static func decodeStore(_ map: MappingReader) -> StoreSettings? {
+        let path = map.string("sqlite_path", required: true)
+        let interval = map.duration("sweep_interval", in: .seconds(1)...(.seconds(3600)))
+        map.finish()
+        guard let path else { return nil }
+        return StoreSettings(sqlitePath: path, sweepInterval: interval ?? .seconds(60))
+    }
+
+    private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup) -> UpstreamSettings? {
+        let name = map.string("name", required: true)
+        let kind = map.choice("kind", default: UpstreamKind.oauth2)
+        let authorize = endpoint("authorization_endpoint", in: map)
+        let token = endpoint("token_endpoint", in: map)
+        let clientID = map.string("client_id", required: true)
+        let secret = decodeSecret(in: map, secrets: secrets)
+        let authentication = map.choice("client_auth", default: ClientAuthentication.clientSecretBasic)
+        let scopes = map.stringList("scopes") ?? []
+        let pkce = map.bool("pkce") ?? false
+        let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
+        map.finish()
+        guard let name, let authorize, let token, let clientID, let secret else { return nil }
+        return UpstreamSettings(
+            name: name, kind: kind, authorizationEndpoint: authorize, tokenEndpoint: token, clientID: clientID,
+            clientSecretSource: secret.source, clientSecret: secret.value, clientAuthentication: authentication,
+            scopes: scopes, pkce: pkce, timeout: timeout ?? .seconds(10))
+    }
+
+    private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings]) -> AppClient? {
+        let clientID = map.string("client_id", required: true)
+        let upstreamName = map.string("upstream", required: true)
+        if let upstreamName, upstreams[upstreamName] == nil {
+            map.reader.report(map.childPath("upstream"), map.value("upstream"), "names no upstream in 'upstreams'")
+        }
+        let wiring = map.choice("wiring", default: UpstreamWiring.callback)
+        let exposure = map.choice("token_exposure", default: TokenExposure.passthrough)
+        var redirects: [RedirectURI] = []
+        for item in map.list("redirect_uris", required: true) ?? [] {
+            guard let text = map.reader.string(item.node, at: item.path) else { continue }
+            do throws(RedirectURIError) {
+                redirects.append(try RedirectURI(registering: text))
+            } catch {
+                map.reader.report(item.path, item.node, error.description)
+            }
+        }
+        if map.value("redirect_uris") != nil, redirects.isEmpty {
+            map.reader.report(map.childPath("redirect_uris"), map.value("redirect_uris"), "must list at least one redirect URI")
+        }
+        let scopes = map.stringList("scopes")
+        map.finish()
+        guard let clientID, let upstreamName, let upstream = upstreams[upstreamName] else { return nil }
+        return AppClient(clientID: clientID, upstream: upstreamName, wiring: wiring, tokenExposure: exposure,
+                         redirectURIs: redirects, scopes: scopes ?? upstream.scopes)
+    }
+
+    private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> (source: SecretSource, value: Secret)? {
+        if map.value("client_secret") != nil {
+            map.reader.report(map.childPath("client_secret"), map.value("client_secret"),
+                              "secrets are never written in the configuration: use client_secret_env or client_secret_file")
+        }
+        let env = map.string("client_secret_env")
+        let file = map.string("client_secret_file")
+        switch (env, file) {
+        case (let name?, nil):
+            guard let value = secrets.environment(name), !value.isEmpty else {
+                map.reader.report(map.childPath("client_secret_env"), map.value("client_secret_env"),
+                                  "the environment variable \(name) is not set or empty")
+                return nil
+            }
+            return (.environment(name), Secret(value))
+        case (nil, let path?):
+            do {
+                let value = try secrets.readFile(path).trimmingTrailingNewlines()
+                guard !value.isEmpty else {
+                    map.reader.report(map.childPath("client_secret_file"), map.value("client_secret_file"), "the file \(path) is empty")
+                    return nil
+                }
+                return (.file(path), Secret(value))
+            } catch {
+                map.reader.report(map.childPath("client_secret_file"), map.value("client_secret_file"), "cannot read the file \(path)")
+                return nil
+            }
+        case (nil, nil):
+            map.reader.report(map.childPath("client_secret_env"), map.node, "one of client_secret_env or client_secret_file is required")
+            return nil
+        case (_?, _?):
+            map.reader.report(map.childPath("client_secret_file"), map.value("client_secret_file"),
+                              "give client_secret_env or client_secret_file, not both")
+            return nil
+        }
+    }
+
+    private static func endpoint(_ key: String, in map: MappingReader) -> String? {
+        guard let text = map.string(key, required: true) else { return nil }
+        if let problem = problemWithEndpoint(text, allowPath: true) {
+            map.reader.report(map.childPath(key), map.value(key), problem)
+            return nil
+        }
+        return text
+    }
+
+    /// An endpoint is `https://…`, or `http://` on a loopback host (for local set-ups and tests).
+    static func problemWithEndpoint(_ text: String, allowPath: Bool) -> String? {
+        let loopbackHosts = ["127.0.0.1", "[::1]", "localhost"]
+        let rest: Substring
+        if text.hasPrefix("https://") {
+            rest = text.dropFirst(8)
+        } else if text.hasPrefix("http://") {
+            rest = text.dropFirst(7)
+            let host = rest.prefix { $0 != "/" && $0 != "?" }.split(separator: ":", maxSplits: 1).first.map(String.init) ?? ""
+            let hostWithoutPort = host.hasPrefix("[") ? String(rest.prefix { $0 != "]" }) + "]" : host
+            guard loopbackHosts.contains(hostWithoutPort) else {
+                return "must be an https URL (plain http is allowed only on a loopback host)"
+            }
+        } else {
+            return "must be an absolute https URL"
+        }
+        guard !rest.isEmpty, !rest.hasPrefix("/"), !text.contains("#"), !text.contains(" ") else {
+            return "must be an absolute URL with a host and no fragment"
+        }
+        return nil
+    }
+}
+
+extension String {
+    fileprivate func trimmingTrailingNewlines() -> String {
+        var text = Substring(self)
+        while let last = text.last, last == "\n" || last == "\r" { text = text.dropLast() }
+        return String(text)
+    }
+}

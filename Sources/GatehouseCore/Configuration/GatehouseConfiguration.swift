@@ -1,0 +1,146 @@
+/// Everything Gatehouse is told to do, validated. Built by `GatehouseConfiguration.decode`.
+public struct GatehouseConfiguration: Sendable {
+    public var server: ServerSettings
+    public var store: StoreSettings
+    public var upstreams: [String: UpstreamSettings]
+    public var clients: [String: AppClient]
+
+    public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient]) {
+        self.server = server
+        self.store = store
+        self.upstreams = upstreams
+        self.clients = clients
+    }
+}
+
+/// Where Gatehouse listens and how it names itself.
+public struct ServerSettings: Sendable {
+    /// The issuer (RFC 8414 §2) and base of every URL Gatehouse hands out; no trailing slash.
+    public var publicBaseURL: String
+    public var host: String
+    public var port: Int
+    /// Lifetime of an authorization transaction (at most 10 minutes).
+    public var transactionLifetime: Duration
+    /// Lifetime of a Gatehouse authorization code (at most 60 seconds).
+    public var codeLifetime: Duration
+    /// Largest request body the OAuth endpoints read.
+    public var maximumBodyBytes: Int
+    /// How long Gatehouse waits for a TCP/TLS connection to any upstream.
+    public var upstreamConnectTimeout: Duration
+
+    public init(publicBaseURL: String, host: String = "127.0.0.1", port: Int = 8080,
+                transactionLifetime: Duration = .seconds(600), codeLifetime: Duration = .seconds(60),
+                maximumBodyBytes: Int = 16 * 1024, upstreamConnectTimeout: Duration = .seconds(2)) {
+        self.publicBaseURL = publicBaseURL
+        self.host = host
+        self.port = port
+        self.transactionLifetime = transactionLifetime
+        self.codeLifetime = codeLifetime
+        self.maximumBodyBytes = maximumBodyBytes
+        self.upstreamConnectTimeout = upstreamConnectTimeout
+    }
+
+    public var callbackURL: String { publicBaseURL + "/oauth/callback" }
+}
+
+/// Where durable state lives.
+public struct StoreSettings: Sendable {
+    /// Path of the SQLite file (created when missing).
+    public var sqlitePath: String
+    /// How often expired transactions and codes are deleted.
+    public var sweepInterval: Duration
+
+    public init(sqlitePath: String, sweepInterval: Duration = .seconds(60)) {
+        self.sqlitePath = sqlitePath
+        self.sweepInterval = sweepInterval
+    }
+}
+
+/// How Gatehouse proves itself to an upstream token endpoint.
+public enum ClientAuthentication: String, Sendable, CaseIterable {
+    /// HTTP Basic with the form-encoded client id and secret (RFC 6749 §2.3.1).
+    case clientSecretBasic = "client_secret_basic"
+    /// `client_id` and `client_secret` in the form body (RFC 6749 §2.3.1).
+    case clientSecretPost = "client_secret_post"
+}
+
+/// The kinds of upstream Gatehouse speaks to. One folder per kind in GatehouseUpstreams.
+public enum UpstreamKind: String, Sendable, CaseIterable {
+    case oauth2
+}
+
+/// An authorization server Gatehouse is a confidential client of.
+public struct UpstreamSettings: Sendable {
+    public var name: String
+    public var kind: UpstreamKind
+    public var authorizationEndpoint: String
+    public var tokenEndpoint: String
+    public var clientID: String
+    /// Where the secret is read from; the value itself is `clientSecret`.
+    public var clientSecretSource: SecretSource
+    public var clientSecret: Secret
+    public var clientAuthentication: ClientAuthentication
+    /// Scopes asked for when the app asks for none.
+    public var scopes: [String]
+    /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
+    public var pkce: Bool
+    /// Deadline for one whole exchange with the upstream (connect, send, answer).
+    public var timeout: Duration
+
+    public init(name: String, kind: UpstreamKind = .oauth2, authorizationEndpoint: String, tokenEndpoint: String,
+                clientID: String, clientSecretSource: SecretSource, clientSecret: Secret,
+                clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
+                pkce: Bool = false, timeout: Duration = .seconds(10)) {
+        self.name = name
+        self.kind = kind
+        self.authorizationEndpoint = authorizationEndpoint
+        self.tokenEndpoint = tokenEndpoint
+        self.clientID = clientID
+        self.clientSecretSource = clientSecretSource
+        self.clientSecret = clientSecret
+        self.clientAuthentication = clientAuthentication
+        self.scopes = scopes
+        self.pkce = pkce
+        self.timeout = timeout
+    }
+}
+
+/// How an upstream returns the browser after sign-in (see DESIGN.md).
+public enum UpstreamWiring: String, Sendable, CaseIterable {
+    /// The upstream redirects to Gatehouse's `/oauth/callback`; Gatehouse issues its own code.
+    case callback
+    /// The upstream redirects straight to the app; the app posts the upstream code and state to `/oauth/token`.
+    case relay
+}
+
+/// What the app receives from the token endpoint.
+public enum TokenExposure: String, Sendable, CaseIterable {
+    /// The upstream's token response as it is (today's contract of legacy mobile APIs).
+    case passthrough
+}
+
+/// A native app registered with Gatehouse: a public client (RFC 6749 §2.1) with no secret.
+public struct AppClient: Sendable {
+    public var clientID: String
+    public var upstream: String
+    public var wiring: UpstreamWiring
+    public var tokenExposure: TokenExposure
+    public var redirectURIs: [RedirectURI]
+    /// Scopes the app may ask for; when it asks for none it gets all of them.
+    public var scopes: [String]
+
+    public init(clientID: String, upstream: String, wiring: UpstreamWiring = .callback,
+                tokenExposure: TokenExposure = .passthrough, redirectURIs: [RedirectURI], scopes: [String]) {
+        self.clientID = clientID
+        self.upstream = upstream
+        self.wiring = wiring
+        self.tokenExposure = tokenExposure
+        self.redirectURIs = redirectURIs
+        self.scopes = scopes
+    }
+
+    /// The registration that matches a presented redirect URI, if any.
+    public func registeredRedirect(matching presented: String) -> RedirectURI? {
+        redirectURIs.first { $0.matches(presented) }
+    }
+}

@@ -1,0 +1,56 @@
+/// An RFC 9457 problem that Gatehouse answers outside the OAuth endpoints' JSON errors,
+/// and on the pages it shows when an error cannot be sent back to the app safely.
+public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertible {
+    private enum Base: String, Sendable {
+        case badRequest = "bad_request"
+        case notFound = "not_found"
+        case methodNotAllowed = "method_not_allowed"
+        case payloadTooLarge = "payload_too_large"
+        case unknownClient = "unknown_client"
+        case invalidRedirectURI = "invalid_redirect_uri"
+        case unknownState = "unknown_state"
+        case storeUnavailable = "store_unavailable"
+    }
+
+    private let base: Base
+    public let status: Int
+    public let title: String
+    public let detail: String
+
+    private init(_ base: Base, status: Int, title: String, detail: String) {
+        self.base = base
+        self.status = status
+        self.title = title
+        self.detail = detail
+    }
+
+    /// Gatehouse's own error code, the last segment of the problem `type`.
+    public var code: String { base.rawValue }
+    public var description: String { "\(code): \(detail)" }
+
+    public static func badRequest(_ detail: String) -> Self {
+        .init(.badRequest, status: 400, title: "Bad request", detail: detail)
+    }
+    public static func notFound(_ detail: String = "There is nothing at this address.") -> Self {
+        .init(.notFound, status: 404, title: "Not found", detail: detail)
+    }
+    public static func methodNotAllowed(_ detail: String = "This address does not take that method.") -> Self {
+        .init(.methodNotAllowed, status: 405, title: "Method not allowed", detail: detail)
+    }
+    public static func payloadTooLarge(limit: Int) -> Self {
+        .init(.payloadTooLarge, status: 413, title: "Payload too large", detail: "The request body is larger than \(limit) bytes.")
+    }
+    public static func unknownClient(_ detail: String) -> Self {
+        .init(.unknownClient, status: 400, title: "Unknown app", detail: detail)
+    }
+    public static func invalidRedirectURI(_ detail: String) -> Self {
+        .init(.invalidRedirectURI, status: 400, title: "Redirect URI not registered", detail: detail)
+    }
+    public static func unknownState(_ detail: String) -> Self {
+        .init(.unknownState, status: 400, title: "Sign-in not recognised", detail: detail)
+    }
+    public static func storeUnavailable() -> Self {
+        .init(.storeUnavailable, status: 503, title: "Service unavailable",
+              detail: "Gatehouse cannot reach its session store right now. Please try again in a moment.")
+    }
+}

@@ -1,0 +1,31 @@
+public import Foundation
+public import GatehouseCore
+public import GatehouseUpstreams
+public import Logging
+
+/// The decisions behind Gatehouse's endpoints, with everything they need handed in:
+/// configuration, store, one client per upstream, a clock and a logger.
+public struct Gatehouse: Sendable {
+    public let configuration: GatehouseConfiguration
+    public let store: any AuthorizationStore
+    public let upstreams: [String: any UpstreamClient]
+    public let now: @Sendable () -> Date
+    public let logger: Logger
+
+    public init(configuration: GatehouseConfiguration, store: any AuthorizationStore,
+                upstreams: [String: any UpstreamClient], now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
+        self.configuration = configuration
+        self.store = store
+        self.upstreams = upstreams
+        self.now = now
+        self.logger = logger
+    }
+
+    /// The issuer identifier: the public base URL (RFC 8414 §2).
+    var issuer: String { configuration.server.publicBaseURL }
+
+    func expiry(after lifetime: Duration) -> Date {
+        let (seconds, attoseconds) = lifetime.components
+        return now().addingTimeInterval(Double(seconds) + Double(attoseconds) / 1e18)
+    }
+}

@@ -1,0 +1,87 @@
+public import AsyncHTTPClient
+import Foundation
+public import GatehouseCore
+import GatehouseStore
+public import GatehouseUpstreams
+public import Hummingbird
+import HTTPTypes
+public import Logging
+import NIOCore
+import ServiceLifecycle
+
+/// Builds and runs the Hummingbird application around a `Gatehouse`.
+public enum GatehouseApplication {
+    /// The paths Gatehouse answers and the methods each takes (the rest are 404 or 405).
+    static let routes: [String: [HTTPRequest.Method]] = [
+        "/.well-known/oauth-authorization-server": [.get],
+        "/oauth/authorize": [.get],
+        "/oauth/callback": [.get],
+        "/oauth/token": [.post],
+        "/healthz": [.get],
+        "/readyz": [.get],
+    ]
+
+    /// The router with every endpoint; in-process tests drive it directly.
+    public static func router(for gatehouse: Gatehouse) -> Router<BasicRequestContext> {
+        let router = Router(context: BasicRequestContext.self)
+        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: routes))
+        router.get("/.well-known/oauth-authorization-server") { _, _ in gatehouse.metadata() }
+        router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
+        router.get("/oauth/callback") { request, _ in await gatehouse.callback(request) }
+        router.post("/oauth/token") { request, _ in await gatehouse.token(request) }
+        router.get("/healthz") { _, _ in gatehouse.health() }
+        router.get("/readyz") { request, _ in await gatehouse.readiness(request) }
+        return router
+    }
+
+    /// One upstream client per configured upstream, sharing the process's HTTP client.
+    public static func upstreamClients(for configuration: GatehouseConfiguration, httpClient: HTTPClient, logger: Logger)
+        -> [String: any UpstreamClient]
+    {
+        configuration.upstreams.mapValues { settings -> any UpstreamClient in
+            switch settings.kind {
+            case .oauth2: OAuth2Upstream(settings: settings, httpClient: httpClient, logger: logger)
+            }
+        }
+    }
+
+    /// The process's one outbound HTTP client: no redirects followed, bounded connect time.
+    public static func makeHTTPClient(for configuration: GatehouseConfiguration) -> HTTPClient {
+        var clientConfiguration = HTTPClient.Configuration()
+        clientConfiguration.redirectConfiguration = .disallow
+        let (seconds, attoseconds) = configuration.server.upstreamConnectTimeout.components
+        clientConfiguration.timeout.connect = .milliseconds(seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+        clientConfiguration.decompression = .disabled
+        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
+    }
+
+    /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then closes cleanly.
+    public static func run(configuration: GatehouseConfiguration, logger: Logger) async throws {
+        let store = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
+        let httpClient = makeHTTPClient(for: configuration)
+        let gatehouse = Gatehouse(configuration: configuration, store: store,
+                                  upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
+                                  logger: logger)
+        let issuer = configuration.server.publicBaseURL
+        let app = Application(
+            router: router(for: gatehouse),
+            configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
+                                 serverName: nil),
+            services: [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)],
+            onServerRunning: { channel in
+                logger.notice("gatehouse is ready", metadata: [
+                    "address": .string(channel.localAddress?.description ?? "?"), "issuer": .string(issuer),
+                ])
+            },
+            logger: logger)
+        do {
+            try await app.runService()
+        } catch {
+            try? await httpClient.shutdown()
+            try? await store.close()
+            throw error
+        }
+        try await httpClient.shutdown()
+        try await store.close()
+    }
+}

@@ -1,0 +1,93 @@
+import Foundation
+import GatehouseCore
+import HTTPTypes
+import Hummingbird
+
+extension Response {
+    /// A JSON body with `Cache-Control: no-store`, as every OAuth answer carries (RFC 6749 §5.1).
+    static func oauthJSON(_ data: Data, status: HTTPResponse.Status = .ok) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[.cacheControl] = "no-store"
+        headers[HTTPField.Name("Pragma")!] = "no-cache"
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// An RFC 6749 §5.2 error body for the token endpoint.
+    static func oauthError(_ error: OAuthError) -> Response {
+        let body = ["error": error.code, "error_description": error.detail]
+        var response = oauthJSON(JSONCoding.encode(body), status: .init(code: error.status))
+        if let retryAfter = error.retryAfter {
+            response.headers[.retryAfter] = String(retryAfter)
+        }
+        if error.status == 401 {
+            response.headers[.wwwAuthenticate] = #"Basic realm="gatehouse""#
+        }
+        return response
+    }
+
+    /// A 302 to `location` that no cache keeps.
+    static func redirect(to location: String) -> Response {
+        var headers = HTTPFields()
+        headers[.location] = location
+        headers[.cacheControl] = "no-store"
+        return Response(status: .found, headers: headers)
+    }
+
+    /// An RFC 9457 problem, as `application/problem+json`, or as an HTML page for a browser.
+    static func problem(_ problem: GatehouseProblem, for request: Request, allow: [HTTPRequest.Method] = []) -> Response {
+        var headers = HTTPFields()
+        headers[.cacheControl] = "no-store"
+        if !allow.isEmpty {
+            headers[.allow] = allow.map(\.rawValue).joined(separator: ", ")
+        }
+        let body: Data
+        if request.prefersHTML {
+            headers[.contentType] = "text/html; charset=utf-8"
+            headers[.contentSecurityPolicy] = "default-src 'none'; style-src 'unsafe-inline'"
+            body = Data(ErrorPage.html(for: problem).utf8)
+        } else {
+            headers[.contentType] = "application/problem+json"
+            body = JSONCoding.encode(ProblemBody(problem, instance: request.uri.path))
+        }
+        return Response(status: .init(code: problem.status), headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
+    }
+}
+
+extension Request {
+    /// True when the Accept header ranks `text/html` above JSON: a browser, not an API client.
+    var prefersHTML: Bool {
+        guard let accept = headers[.accept]?.lowercased() else { return false }
+        guard let html = accept.range(of: "text/html") else { return false }
+        let json = [accept.range(of: "application/json"), accept.range(of: "application/problem+json")].compactMap { $0 }
+        return json.allSatisfy { html.lowerBound < $0.lowerBound }
+    }
+}
+
+/// The RFC 9457 members Gatehouse fills in, plus its own `code`.
+struct ProblemBody: Encodable {
+    let type: String
+    let title: String
+    let status: Int
+    let detail: String
+    let instance: String
+    let code: String
+
+    init(_ problem: GatehouseProblem, instance: String) {
+        self.type = "urn:gatehouse:problem:\(problem.code)"
+        self.title = problem.title
+        self.status = problem.status
+        self.detail = problem.detail
+        self.instance = instance
+        self.code = problem.code
+    }
+}
+
+enum JSONCoding {
+    static func encode(_ value: some Encodable) -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        // Encoding plain dictionaries and structs of strings cannot fail.
+        return (try? encoder.encode(value)) ?? Data("{}".utf8)
+    }
+}

@@ -1,0 +1,75 @@
+import GatehouseCore
+import GatehouseUpstreams
+import Hummingbird
+import Logging
+
+extension Gatehouse {
+    /// `GET /oauth/authorize` (RFC 6749 §4.1.1, RFC 7636 §4.3): checks the app, records a
+    /// transaction and sends the browser to the upstream with Gatehouse's own `state`.
+    func authorize(_ request: Request) async -> Response {
+        let parameters: FormParameters
+        do {
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8))
+        } catch {
+            return .problem(.badRequest("The sign-in request is malformed: \(error.description)."), for: request)
+        }
+        switch AuthorizationRequest.decide(parameters, clients: configuration.clients) {
+        case .refuse(let problem):
+            logger.info("authorize refused", metadata: ["code": .string(problem.code)])
+            return .problem(problem, for: request)
+        case .redirectError(let redirectURI, let error, let state):
+            logger.info("authorize error sent to app", metadata: ["error": .string(error.code)])
+            return .redirect(to: appRedirect(redirectURI, error: error, state: state))
+        case .proceed(let authorization):
+            return await begin(authorization, request: request)
+        }
+    }
+
+    private func begin(_ authorization: AuthorizationRequest, request: Request) async -> Response {
+        guard let client = configuration.clients[authorization.clientID],
+              let upstream = upstreams[client.upstream] else {
+            return .redirect(to: appRedirect(authorization.redirectURI,
+                                             error: .badUpstream("the app's upstream is not configured"), state: authorization.state))
+        }
+        let state = SecureToken.generate()
+        let upstreamRedirectURI: String
+        let upstreamVerifier: String?
+        let upstreamChallenge: String?
+        switch client.wiring {
+        case .callback:
+            upstreamRedirectURI = configuration.server.callbackURL
+            upstreamVerifier = upstream.settings.pkce ? SecureToken.generate() : nil
+            upstreamChallenge = upstreamVerifier.map(PKCE.challenge(for:))
+        case .relay:
+            // The upstream sends the browser straight to the app; the app's own challenge
+            // goes upstream when the upstream understands PKCE.
+            upstreamRedirectURI = authorization.redirectURI
+            upstreamVerifier = nil
+            upstreamChallenge = upstream.settings.pkce ? authorization.codeChallenge : nil
+        }
+        let transaction = AuthorizationTransaction(
+            clientID: client.clientID, redirectURI: authorization.redirectURI, appState: authorization.state,
+            codeChallenge: authorization.codeChallenge, scopes: authorization.scopes, upstream: client.upstream,
+            wiring: client.wiring, upstreamCodeVerifier: upstreamVerifier,
+            expiresAt: expiry(after: configuration.server.transactionLifetime))
+        do {
+            try await store.insertTransaction(transaction, stateHash: SecureToken.hash(state))
+        } catch {
+            logger.error("store failed to record a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
+            return .problem(.storeUnavailable(), for: request)
+        }
+        logger.info("authorization transaction begun", metadata: [
+            "client_id": .string(client.clientID), "upstream": .string(client.upstream), "wiring": .string(client.wiring.rawValue),
+        ])
+        return .redirect(to: upstream.authorizationURL(state: state, redirectURI: upstreamRedirectURI,
+                                                       scopes: authorization.scopes, codeChallenge: upstreamChallenge))
+    }
+
+    /// The app's redirect URI with an error, its state and Gatehouse's issuer (RFC 6749 §4.1.2.1, RFC 9207).
+    func appRedirect(_ redirectURI: String, error: OAuthError, state: String?) -> String {
+        var parameters = [("error", error.code), ("error_description", error.detail)]
+        if let state { parameters.append(("state", state)) }
+        parameters.append(("iss", issuer))
+        return RedirectURI.appending(parameters, to: redirectURI)
+    }
+}

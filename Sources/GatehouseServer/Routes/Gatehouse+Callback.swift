@@ -1,0 +1,68 @@
+import GatehouseCore
+import GatehouseUpstreams
+import Hummingbird
+import Logging
+
+extension Gatehouse {
+    /// `GET /oauth/callback`: the upstream returns the browser here (callback mode). Gatehouse
+    /// consumes the transaction, swaps the code with its secret and hands the app a one-time code.
+    func callback(_ request: Request) async -> Response {
+        let parameters: FormParameters
+        do {
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8))
+        } catch {
+            return .problem(.badRequest("The sign-in response is malformed: \(error.description)."), for: request)
+        }
+        guard let state = parameters["state"] else {
+            return .problem(.unknownState("The sign-in response carries no state."), for: request)
+        }
+        let transaction: AuthorizationTransaction?
+        do {
+            transaction = try await store.consumeTransaction(stateHash: SecureToken.hash(state), now: now())
+        } catch {
+            logger.error("store failed to consume a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
+            return .problem(.storeUnavailable(), for: request)
+        }
+        guard let transaction, transaction.wiring == .callback, let upstream = upstreams[transaction.upstream] else {
+            logger.info("callback with unknown, used or expired state")
+            return .problem(.unknownState("This sign-in has expired or was already completed."), for: request)
+        }
+        if let error = parameters["error"] {
+            let relayed = OAuthError.fromAuthorizationResponse(code: error, detail: parameters["error_description"])
+            logger.info("upstream returned an authorization error", metadata: ["error": .string(relayed.code)])
+            return .redirect(to: appRedirect(transaction.redirectURI, error: relayed, state: transaction.appState))
+        }
+        guard let code = parameters["code"] else {
+            return .redirect(to: appRedirect(transaction.redirectURI,
+                                             error: .badUpstream("the authorization server returned no code"),
+                                             state: transaction.appState))
+        }
+        let tokens: UpstreamTokenResponse
+        do {
+            tokens = try await upstream.exchangeCode(code, redirectURI: configuration.server.callbackURL,
+                                                     codeVerifier: transaction.upstreamCodeVerifier)
+        } catch {
+            return .redirect(to: appRedirect(transaction.redirectURI, error: Self.authorizationResponseError(error),
+                                             state: transaction.appState))
+        }
+        let issued = IssuedCode(clientID: transaction.clientID, redirectURI: transaction.redirectURI,
+                                codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: tokens.json)
+        let gatehouseCode = SecureToken.generate()
+        do {
+            try await store.insertCode(sealed: try issued.sealed(with: gatehouseCode), codeHash: SecureToken.hash(gatehouseCode),
+                                       expiresAt: expiry(after: configuration.server.codeLifetime))
+        } catch {
+            logger.error("store failed to record a code", metadata: ["error": .string(String(describing: type(of: error)))])
+            return .redirect(to: appRedirect(transaction.redirectURI, error: .serverError("Gatehouse could not record the sign-in"),
+                                             state: transaction.appState))
+        }
+        logger.info("code issued to app", metadata: ["client_id": .string(transaction.clientID)])
+        return .redirect(to: RedirectURI.appending(
+            [("code", gatehouseCode), ("state", transaction.appState), ("iss", issuer)], to: transaction.redirectURI))
+    }
+
+    /// On a redirect only `server_error` and `temporarily_unavailable` describe a failed exchange (RFC 6749 §4.1.2.1).
+    static func authorizationResponseError(_ error: OAuthError) -> OAuthError {
+        error.status >= 503 ? .upstreamUnavailable(error.detail) : .badUpstream("the authorization server did not accept the sign-in: \(error.detail)")
+    }
+}

@@ -1,0 +1,63 @@
+import Foundation
+import GatehouseCore
+import Hummingbird
+
+extension Gatehouse {
+    /// `GET /.well-known/oauth-authorization-server` (RFC 8414 §3).
+    func metadata() -> Response {
+        let scopes = Set(configuration.clients.values.flatMap(\.scopes)).sorted()
+        let document = AuthorizationServerMetadata(
+            issuer: issuer,
+            authorization_endpoint: issuer + "/oauth/authorize",
+            token_endpoint: issuer + "/oauth/token",
+            response_types_supported: ["code"],
+            response_modes_supported: ["query"],
+            grant_types_supported: ["authorization_code", "refresh_token"],
+            code_challenge_methods_supported: ["S256"],
+            token_endpoint_auth_methods_supported: ["none"],
+            scopes_supported: scopes,
+            authorization_response_iss_parameter_supported: true)
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[.cacheControl] = "public, max-age=300"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
+    }
+
+    /// `GET /healthz`: the process is up.
+    func health() -> Response {
+        .json(["status": "ok"], status: .ok)
+    }
+
+    /// `GET /readyz`: the process can serve sign-ins (its store answers).
+    func readiness(_ request: Request) async -> Response {
+        do {
+            try await store.checkHealth()
+            return .json(["status": "ready"], status: .ok)
+        } catch {
+            return .problem(.storeUnavailable(), for: request)
+        }
+    }
+}
+
+/// RFC 8414 §2 member names, as they appear on the wire.
+struct AuthorizationServerMetadata: Encodable {
+    let issuer: String
+    let authorization_endpoint: String
+    let token_endpoint: String
+    let response_types_supported: [String]
+    let response_modes_supported: [String]
+    let grant_types_supported: [String]
+    let code_challenge_methods_supported: [String]
+    let token_endpoint_auth_methods_supported: [String]
+    let scopes_supported: [String]
+    let authorization_response_iss_parameter_supported: Bool
+}
+
+extension Response {
+    static func json(_ value: some Encodable, status: HTTPResponse.Status) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[.cacheControl] = "no-store"
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(value))))
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+import GatehouseCore
+import GatehouseUpstreams
+import Hummingbird
+import Logging
+import NIOCore
+
+extension Gatehouse {
+    /// `POST /oauth/token` (RFC 6749 §4.1.3 and §6, RFC 7636 §4.5). Every answer is JSON with
+    /// `Cache-Control: no-store`; every failure an RFC 6749 §5.2 error.
+    func token(_ request: Request) async -> Response {
+        let contentType = request.headers[.contentType]?.lowercased() ?? ""
+        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/x-www-form-urlencoded" else {
+            var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
+            response.status = .unsupportedMediaType
+            return response
+        }
+        var request = request
+        let body: ByteBuffer
+        do {
+            body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
+        } catch {
+            return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
+        }
+        do throws(OAuthError) {
+            let form: FormParameters
+            do {
+                form = try FormParameters(parsing: body.readableBytesView)
+            } catch {
+                throw .invalidRequest(error.description)
+            }
+            let tokenRequest = try TokenRequest.parse(form)
+            guard let client = configuration.clients[tokenRequest.clientID], let upstream = upstreams[client.upstream] else {
+                throw .invalidClient("no app is registered with this client_id")
+            }
+            let tokens = try await answer(tokenRequest, client: client, upstream: upstream)
+            logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName)])
+            return .oauthJSON(tokens)
+        } catch {
+            logger.info("token request refused", metadata: ["error": .string(error.code), "status": .stringConvertible(error.status)])
+            return .oauthError(error)
+        }
+    }
+
+    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
+        switch request {
+        case .authorizationCode(_, let code, let redirectURI, let codeVerifier, let state):
+            switch client.wiring {
+            case .callback:
+                return try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
+            case .relay:
+                guard let state else {
+                    throw .invalidRequest("state is required: this app's upstream returns its code to the app (relay mode)")
+                }
+                return try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
+                                                    codeVerifier: codeVerifier, upstream: upstream)
+            }
+        case .refreshToken(_, let refreshToken, let scope):
+            return try await upstream.refresh(refreshToken, scope: scope).json
+        }
+    }
+
+    /// Callback mode: the code is Gatehouse's own; it is consumed before anything is checked,
+    /// so a wrong verifier burns it (RFC 6749 §4.1.2: a code is used at most once).
+    private func redeemGatehouseCode(_ code: String, client: AppClient, redirectURI: String, codeVerifier: String)
+        async throws(OAuthError) -> Data
+    {
+        let sealed: Data?
+        do {
+            sealed = try await store.consumeCode(codeHash: SecureToken.hash(code), now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        guard let sealed, let issued = try? IssuedCode.unsealed(sealed, with: code) else {
+            throw .invalidGrant("the code is invalid, expired or already used")
+        }
+        guard issued.clientID == client.clientID else { throw .invalidGrant("the code was issued to another app") }
+        guard issued.redirectURI == redirectURI else {
+            throw .invalidGrant("redirect_uri differs from the one of the authorization request")
+        }
+        guard PKCE.verify(codeVerifier: codeVerifier, codeChallenge: issued.codeChallenge) else {
+            throw .invalidGrant("code_verifier does not match the code_challenge")
+        }
+        return issued.tokenResponse
+    }
+
+    /// Relay mode: the app holds the upstream's code and Gatehouse's state. The transaction is
+    /// consumed and PKCE checked before the code goes anywhere near the upstream.
+    private func redeemUpstreamCode(_ code: String, state: String, client: AppClient, redirectURI: String,
+                                    codeVerifier: String, upstream: any UpstreamClient) async throws(OAuthError) -> Data
+    {
+        let transaction: AuthorizationTransaction?
+        do {
+            transaction = try await store.consumeTransaction(stateHash: SecureToken.hash(state), now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        guard let transaction, transaction.wiring == .relay else {
+            throw .invalidGrant("the state is unknown, expired or already used")
+        }
+        guard transaction.clientID == client.clientID else { throw .invalidGrant("the state belongs to another app") }
+        guard transaction.redirectURI == redirectURI else {
+            throw .invalidGrant("redirect_uri differs from the one of the authorization request")
+        }
+        guard PKCE.verify(codeVerifier: codeVerifier, codeChallenge: transaction.codeChallenge) else {
+            throw .invalidGrant("code_verifier does not match the code_challenge")
+        }
+        let verifierForUpstream = upstream.settings.pkce ? codeVerifier : nil
+        return try await upstream.exchangeCode(code, redirectURI: redirectURI, codeVerifier: verifierForUpstream).json
+    }
+}
+
+extension TokenRequest {
+    var grantName: String {
+        switch self {
+        case .authorizationCode: "authorization_code"
+        case .refreshToken: "refresh_token"
+        }
+    }
+}

@@ -1,0 +1,103 @@
+public import Foundation
+public import GatehouseCore
+public import Logging
+import NIOCore
+import SQLiteNIO
+
+/// The embedded store: one SQLite file, for a single Gatehouse instance.
+///
+/// Single use rests on `DELETE … RETURNING`: SQLite applies the whole delete during the
+/// statement's first step, so of two racing consumers exactly one receives the row.
+public final class SQLiteAuthorizationStore: AuthorizationStore {
+    private let connection: SQLiteConnection
+
+    private init(connection: SQLiteConnection) {
+        self.connection = connection
+    }
+
+    /// Opens (creating when missing) the database file and applies the schema.
+    public static func open(path: String, logger: Logger) async throws -> SQLiteAuthorizationStore {
+        let storage: SQLiteConnection.Storage = path == ":memory:" ? .memory : .file(path: path)
+        let connection = try await SQLiteConnection.open(storage: storage, logger: logger)
+        let store = SQLiteAuthorizationStore(connection: connection)
+        try await store.migrate()
+        return store
+    }
+
+    /// Closes the database; the store must not be used afterwards.
+    public func close() async throws {
+        try await connection.close()
+    }
+
+    private func migrate() async throws {
+        for statement in Self.schema {
+            _ = try await connection.query(statement, [])
+        }
+    }
+
+    static let schema = [
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = NORMAL",
+        """
+        CREATE TABLE IF NOT EXISTS authorization_transactions (
+            state_hash TEXT PRIMARY KEY NOT NULL,
+            payload BLOB NOT NULL,
+            expires_at INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS authorization_transactions_expiry ON authorization_transactions (expires_at)",
+        """
+        CREATE TABLE IF NOT EXISTS issued_codes (
+            code_hash TEXT PRIMARY KEY NOT NULL,
+            sealed BLOB NOT NULL,
+            expires_at INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX IF NOT EXISTS issued_codes_expiry ON issued_codes (expires_at)",
+    ]
+
+    public func insertTransaction(_ transaction: AuthorizationTransaction, stateHash: String) async throws {
+        let payload = try JSONEncoder().encode(transaction)
+        _ = try await connection.query(
+            "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (?, ?, ?)",
+            [.text(stateHash), .blob(ByteBuffer(bytes: payload)), .integer(Self.milliseconds(transaction.expiresAt))])
+    }
+
+    public func consumeTransaction(stateHash: String, now: Date) async throws -> AuthorizationTransaction? {
+        let rows = try await connection.query(
+            "DELETE FROM authorization_transactions WHERE state_hash = ? AND expires_at > ? RETURNING payload",
+            [.text(stateHash), .integer(Self.milliseconds(now))])
+        guard let blob = rows.first?.column("payload")?.blob else { return nil }
+        return try JSONDecoder().decode(AuthorizationTransaction.self, from: Data(blob.readableBytesView))
+    }
+
+    public func insertCode(sealed: Data, codeHash: String, expiresAt: Date) async throws {
+        _ = try await connection.query(
+            "INSERT INTO issued_codes (code_hash, sealed, expires_at) VALUES (?, ?, ?)",
+            [.text(codeHash), .blob(ByteBuffer(bytes: sealed)), .integer(Self.milliseconds(expiresAt))])
+    }
+
+    public func consumeCode(codeHash: String, now: Date) async throws -> Data? {
+        let rows = try await connection.query(
+            "DELETE FROM issued_codes WHERE code_hash = ? AND expires_at > ? RETURNING sealed",
+            [.text(codeHash), .integer(Self.milliseconds(now))])
+        return rows.first?.column("sealed")?.blob.map { Data($0.readableBytesView) }
+    }
+
+    @discardableResult
+    public func sweepExpired(now: Date) async throws -> Int {
+        let cutoff = SQLiteData.integer(Self.milliseconds(now))
+        let transactions = try await connection.query(
+            "DELETE FROM authorization_transactions WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let codes = try await connection.query("DELETE FROM issued_codes WHERE expires_at <= ? RETURNING 1", [cutoff])
+        return transactions.count + codes.count
+    }
+
+    public func checkHealth() async throws {
+        _ = try await connection.query("SELECT 1", [])
+    }
+
+    private static func milliseconds(_ date: Date) -> Int {
+        Int((date.timeIntervalSince1970 * 1000).rounded(.down))
+    }
+}

@@ -1,0 +1,96 @@
+public import AsyncHTTPClient
+import Foundation
+public import GatehouseCore
+public import Logging
+import NIOCore
+import NIOHTTP1
+
+/// The `oauth2` profile: a plain OAuth 2.0 server that requires a client secret
+/// (`client_secret_basic` or `client_secret_post`) and may burn refresh tokens after one use.
+public struct OAuth2Upstream: UpstreamClient {
+    public let settings: UpstreamSettings
+    private let httpClient: HTTPClient
+    private let logger: Logger
+
+    /// Largest token response read from an upstream.
+    static let maximumResponseBytes = 256 * 1024
+
+    public init(settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger) {
+        self.settings = settings
+        self.httpClient = httpClient
+        self.logger = logger
+    }
+
+    public func authorizationURL(state: String, redirectURI: String, scopes: [String], codeChallenge: String?) -> String {
+        var parameters = [
+            ("response_type", "code"), ("client_id", settings.clientID), ("redirect_uri", redirectURI), ("state", state),
+        ]
+        if !scopes.isEmpty { parameters.append(("scope", scopes.joined(separator: " "))) }
+        if let codeChallenge {
+            parameters.append(("code_challenge", codeChallenge))
+            parameters.append(("code_challenge_method", PKCE.method))
+        }
+        return RedirectURI.appending(parameters, to: settings.authorizationEndpoint)
+    }
+
+    public func exchangeCode(_ code: String, redirectURI: String, codeVerifier: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        var form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURI)]
+        if let codeVerifier { form.append(("code_verifier", codeVerifier)) }
+        return try await tokenRequest(form, purpose: "code exchange")
+    }
+
+    public func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
+        if let scope { form.append(("scope", scope)) }
+        return try await tokenRequest(form, purpose: "refresh")
+    }
+
+    private func tokenRequest(_ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
+        var form = parameters
+        var request = HTTPClientRequest(url: settings.tokenEndpoint)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.headers.add(name: "Accept", value: "application/json")
+        switch settings.clientAuthentication {
+        case .clientSecretBasic:
+            // RFC 6749 §2.3.1: both parts are form-encoded before they are joined.
+            let pair = FormParameters.encode(settings.clientID) + ":" + FormParameters.encode(settings.clientSecret.reveal())
+            request.headers.add(name: "Authorization", value: "Basic " + Data(pair.utf8).base64EncodedString())
+        case .clientSecretPost:
+            form.append(("client_id", settings.clientID))
+            form.append(("client_secret", settings.clientSecret.reveal()))
+        }
+        let body = form.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
+        request.body = .bytes(ByteBuffer(string: body))
+
+        let status: HTTPResponseStatus
+        let bytes: ByteBuffer
+        do {
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(Int64(settings.timeout.nanoseconds)))
+            status = response.status
+            bytes = try await response.body.collect(upTo: Self.maximumResponseBytes)
+        } catch {
+            let mapped = UpstreamFailure.classify(error, upstream: settings.name)
+            logger.warning("upstream \(purpose) failed", metadata: [
+                "upstream": .string(settings.name), "error": .string(mapped.code), "reason": .string(mapped.detail),
+            ])
+            throw mapped
+        }
+        let data = Data(bytes.readableBytesView)
+        do throws(OAuthError) {
+            return try UpstreamFailure.interpret(status: Int(status.code), body: data)
+        } catch {
+            logger.warning("upstream \(purpose) refused", metadata: [
+                "upstream": .string(settings.name), "status": .stringConvertible(status.code), "error": .string(error.code),
+            ])
+            throw error
+        }
+    }
+}
+
+extension Duration {
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}

@@ -1,0 +1,64 @@
+import ArgumentParser
+import Foundation
+import GatehouseCore
+import GatehouseServer
+import Logging
+
+@main
+struct GatehouseCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "gatehouse",
+        abstract: "A backend-for-frontend OAuth gateway for native mobile apps.",
+        version: "0.1.0",
+        subcommands: [Serve.self, CheckConfig.self])
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run the gateway.")
+
+    @Option(name: .long, help: "The YAML configuration file.")
+    var config: String
+
+    @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical.")
+    var logLevel: String = ProcessInfo.processInfo.environment["LOG_LEVEL"] ?? "info"
+
+    func run() async throws {
+        guard let level = Logger.Level(rawValue: logLevel) else {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "gatehouse")
+        let configuration: GatehouseConfiguration
+        do {
+            configuration = try YAMLConfigurationLoader.load(path: config)
+        } catch {
+            FileHandle.standardError.write(Data("gatehouse: the configuration has problems:\n\(error.description)\n".utf8))
+            throw ExitCode(78)  // EX_CONFIG
+        }
+        try await GatehouseApplication.run(configuration: configuration, logger: logger)
+    }
+}
+
+struct CheckConfig: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "check-config",
+        abstract: "Validate a configuration file and list every problem with its YAML path.")
+
+    @Argument(help: "The YAML configuration file.")
+    var file: String
+
+    func run() throws {
+        do {
+            let configuration = try YAMLConfigurationLoader.load(path: file)
+            print("\(file): OK (\(configuration.upstreams.count) upstream(s), \(configuration.clients.count) client(s))")
+        } catch {
+            print("\(file): \(error.problems.count) problem(s)")
+            for problem in error.problems { print("  \(problem)") }
+            throw ExitCode(78)
+        }
+    }
+}

@@ -1,0 +1,84 @@
+@testable import GatehouseCore
+import Testing
+
+struct ConfigurationTests {
+    static let secrets = GatehouseConfiguration.SecretLookup(
+        environment: { $0 == "LEGACY_SECRET" ? "s3cr3t-value" : nil },
+        readFile: { _ in throw CancellationError() })
+
+    static func scalar(_ text: String, _ line: Int = 0) -> ConfigNode { .scalar(text, line: line) }
+    static func map(_ entries: [(String, ConfigNode)], _ line: Int = 0) -> ConfigNode {
+        .mapping(entries.map { (key: $0.0, value: $0.1) }, line: line)
+    }
+
+    static func document(server: [(String, ConfigNode)] = [], upstream: [(String, ConfigNode)] = [],
+                         client: [(String, ConfigNode)] = []) -> ConfigNode {
+        map([
+            ("server", map([("public_base_url", scalar("https://gatehouse.example.com"))] + server)),
+            ("store", map([("sqlite_path", scalar("/tmp/g.sqlite"))])),
+            ("upstreams", .sequence([map([
+                ("name", scalar("legacy")),
+                ("authorization_endpoint", scalar("https://as.example.com/authorize")),
+                ("token_endpoint", scalar("https://as.example.com/token")),
+                ("client_id", scalar("gatehouse")),
+                ("client_secret_env", scalar("LEGACY_SECRET")),
+            ] + upstream)], line: 0)),
+            ("clients", .sequence([map([
+                ("client_id", scalar("com.example.app")),
+                ("upstream", scalar("legacy")),
+                ("redirect_uris", .sequence([scalar("com.example.app:/cb")], line: 0)),
+            ] + client)], line: 0)),
+        ])
+    }
+
+    @Test func validDocumentDecodesWithDefaults() throws {
+        let configuration = try GatehouseConfiguration.decode(Self.document(), secrets: Self.secrets)
+        let upstream = try #require(configuration.upstreams["legacy"])
+        #expect(upstream.clientSecret.reveal() == "s3cr3t-value")
+        #expect(upstream.clientAuthentication == .clientSecretBasic)
+        #expect(configuration.clients["com.example.app"]?.wiring == .callback)
+        #expect(configuration.server.codeLifetime == .seconds(60))
+    }
+
+    @Test func everyProblemIsListedWithItsPath() {
+        let document = Self.document(
+            server: [("colour", Self.scalar("blue", 4)), ("code_lifetime", Self.scalar("5m", 5))],
+            upstream: [("client_auth", Self.scalar("private_key", 9))],
+            client: [("wiring", Self.scalar("sideways", 12))])
+        do {
+            _ = try GatehouseConfiguration.decode(document, secrets: Self.secrets)
+            Issue.record("expected problems")
+        } catch {
+            let paths = Set(error.problems.map(\.path))
+            #expect(paths == ["server.colour", "server.code_lifetime", "upstreams[0].client_auth", "clients[0].wiring"])
+            #expect(error.problems.first { $0.path == "server.colour" }?.line == 4)
+        }
+    }
+
+    @Test func inlineSecretIsRefusedAndNeverEchoed() {
+        let document = Self.document(upstream: [("client_secret", Self.scalar("hunter2-inline"))])
+        do {
+            _ = try GatehouseConfiguration.decode(document, secrets: Self.secrets)
+            Issue.record("expected a problem")
+        } catch {
+            #expect(error.problems.map(\.path) == ["upstreams[0].client_secret"])
+            #expect(!error.description.contains("hunter2-inline"))
+        }
+    }
+
+    @Test func missingEnvironmentSecretIsAProblem() {
+        let secrets = GatehouseConfiguration.SecretLookup(environment: { _ in nil }, readFile: { _ in "" })
+        #expect(throws: ConfigErrors.self) { try GatehouseConfiguration.decode(Self.document(), secrets: secrets) }
+    }
+
+    @Test func secretNeverPrints() {
+        let secret = Secret("do-not-print")
+        #expect("\(secret)" == "<redacted>")
+        #expect(String(reflecting: secret) == "<redacted>")
+    }
+
+    @Test(arguments: [("500ms", Duration.milliseconds(500)), ("30s", .seconds(30)), ("10m", .seconds(600)), ("2", .seconds(2))])
+    func durationsAreReadWithUnits(text: String, expected: Duration) {
+        #expect(MappingReader.parseDuration(text) == expected)
+    }
+}

@@ -1,0 +1,153 @@
+import Foundation
+import GatehouseCore
+import GatehouseServer
+import GatehouseStore
+import GatehouseUpstreams
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import Synchronization
+
+/// A clock the test moves by hand.
+final class ManualClock: Sendable {
+    private let current = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+    func now() -> Date { current.withLock { $0 } }
+    func advance(seconds: TimeInterval) { current.withLock { $0 += seconds } }
+}
+
+/// An upstream that answers what the test scripted and records what it was asked.
+/// In-process tests only: the end-to-end suite talks to a real authorization server.
+final class ScriptedUpstream: UpstreamClient {
+    let settings: UpstreamSettings
+    private let script: Mutex<Result<Data, OAuthError>>
+    private let calls = Mutex<[String]>([])
+
+    init(settings: UpstreamSettings, answer: Result<Data, OAuthError>) {
+        self.settings = settings
+        self.script = Mutex(answer)
+    }
+
+    var recordedCalls: [String] { calls.withLock { $0 } }
+    func answer(with result: Result<Data, OAuthError>) { script.withLock { $0 = result } }
+
+    func authorizationURL(state: String, redirectURI: String, scopes: [String], codeChallenge: String?) -> String {
+        var parameters = [("state", state), ("redirect_uri", redirectURI)]
+        if let codeChallenge { parameters.append(("code_challenge", codeChallenge)) }
+        return RedirectURI.appending(parameters, to: settings.authorizationEndpoint)
+    }
+
+    func exchangeCode(_ code: String, redirectURI: String, codeVerifier: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        calls.withLock { $0.append("code:\(code):\(codeVerifier ?? "-")") }
+        return try UpstreamTokenResponse(body: script.withLock { $0 }.get())
+    }
+
+    func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        calls.withLock { $0.append("refresh:\(refreshToken)") }
+        return try UpstreamTokenResponse(body: script.withLock { $0 }.get())
+    }
+}
+
+struct TestGatehouse {
+    static let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+    static let challenge = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+    static let tokenJSON = Data(#"{"access_token":"upstream-at","token_type":"Bearer","expires_in":3600,"refresh_token":"upstream-rt"}"#.utf8)
+
+    let gatehouse: Gatehouse
+    let upstream: ScriptedUpstream
+    let clock: ManualClock
+    let store: SQLiteAuthorizationStore
+
+    static func make(pkce: Bool = false) async throws -> TestGatehouse {
+        let settings = UpstreamSettings(
+            name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
+            clientID: "gatehouse", clientSecretSource: .environment("X"), clientSecret: Secret("upstream-secret"),
+            scopes: ["read"], pkce: pkce)
+        let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy",
+                                       redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])
+        let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay,
+                                    redirectURIs: [try RedirectURI(registering: "com.example.relay:/cb")], scopes: ["read"])
+        let configuration = GatehouseConfiguration(
+            server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
+            store: StoreSettings(sqlitePath: ":memory:"),
+            upstreams: ["legacy": settings],
+            clients: [callbackClient.clientID: callbackClient, relayClient.clientID: relayClient])
+        let upstream = ScriptedUpstream(settings: settings, answer: .success(tokenJSON))
+        let clock = ManualClock()
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
+        let gatehouse = Gatehouse(configuration: configuration, store: store, upstreams: ["legacy": upstream],
+                                  now: { clock.now() }, logger: logger)
+        return TestGatehouse(gatehouse: gatehouse, upstream: upstream, clock: clock, store: store)
+    }
+
+    /// Runs `body` against the in-process router, then closes the store.
+    static func withRouter(pkce: Bool = false, _ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void)
+        async throws
+    {
+        let test = try await make(pkce: pkce)
+        do {
+            try await Application(router: GatehouseApplication.router(for: test.gatehouse)).test(.router) { client in
+                try await body(test, client)
+            }
+        } catch {
+            try await test.store.close()
+            throw error
+        }
+        try await test.store.close()
+    }
+
+    static func authorizeURI(client: String = "com.example.app", redirect: String = "com.example.app:/cb",
+                             state: String = "app-state", extra: String = "") -> String {
+        "/oauth/authorize?response_type=code&client_id=\(client)&redirect_uri=\(FormParameters.encode(redirect))"
+            + "&state=\(state)&code_challenge=\(challenge)&code_challenge_method=S256" + extra
+    }
+}
+
+extension TestClientProtocol {
+    /// Runs `/oauth/authorize` and returns Gatehouse's state from the upstream redirect.
+    func beginSignIn(client: String = "com.example.app", redirect: String = "com.example.app:/cb") async throws -> String {
+        let response = try await execute(uri: TestGatehouse.authorizeURI(client: client, redirect: redirect), method: .get)
+        guard response.status == .found, let location = response.headers[.location] else {
+            throw TestFailure("authorize answered \(response.status)")
+        }
+        return try #require(query(of: location)["state"])
+    }
+
+    /// Completes the callback and returns Gatehouse's one-time code.
+    func completeCallback(state: String) async throws -> String {
+        let response = try await execute(uri: "/oauth/callback?code=upstream-code&state=\(state)", method: .get)
+        guard response.status == .found, let location = response.headers[.location] else {
+            throw TestFailure("callback answered \(response.status)")
+        }
+        return try #require(query(of: location)["code"])
+    }
+
+    func postToken(_ form: [String: String], contentType: String = "application/x-www-form-urlencoded") async throws -> TestResponse {
+        var headers = HTTPFields()
+        headers[.contentType] = contentType
+        return try await execute(uri: "/oauth/token", method: .post, headers: headers,
+                                 body: ByteBuffer(string: FormParameters(form).encoded()))
+    }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func query(of location: String) -> [String: String] {
+    guard let start = location.firstIndex(of: "?") else { return [:] }
+    let form = try? FormParameters(parsing: Array(location[location.index(after: start)...].utf8))
+    var result: [String: String] = [:]
+    for name in form?.names ?? [] { result[name] = form?[name] }
+    return result
+}
+
+func json(_ response: TestResponse) -> [String: Any] {
+    (try? JSONSerialization.jsonObject(with: Data(response.body.readableBytesView))) as? [String: Any] ?? [:]
+}
+
+import Testing
+import NIOCore
+import HTTPTypes

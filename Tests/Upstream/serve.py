@@ -1,0 +1,231 @@
+"""Local upstream authorization server for Gatehouse tests and demos.
+
+A real OAuth 2.0 / OpenID Connect server built from django-oauth-toolkit
+(DOT). Every start gets a fresh SQLite database in a temporary directory,
+seeded from a JSON config. Run it with the repo's venv (scripts/python-env):
+
+    .venv/bin/python Tests/Upstream/serve.py --config cfg.json [--port 0] [--host 127.0.0.1] [--quiet]
+
+Once listening it prints exactly one line to stdout and nothing after it:
+
+    {"ready": true, "url": "http://127.0.0.1:PORT"}
+
+Access log and errors go to stderr (--quiet: only 5xx errors and tracebacks;
+drain or redirect stderr, a full pipe blocks the server). SIGTERM/SIGINT
+exit with status 0.
+
+Config (every key except "users" and "applications" is optional; defaults in
+parentheses):
+
+    {"users": [{"username": "alice", "password": "wonderland-42",
+                "email": "alice@example.test", "first_name": "Alice", "last_name": ""}],
+     "applications": [{
+        "client_id": "gatehouse-legacy",
+        "client_secret_env": "UPSTREAM_SECRET_LEGACY",  # env var holding the secret;
+                                                        # required unless client_type is public
+        "redirect_uris": ["http://127.0.0.1:8080/oauth/callback", "com.example.app:/oauth2redirect"],
+        "client_type": "confidential",       # or "public" (confidential)
+        "grant_type": "authorization-code",  # or "client-credentials" (authorization-code)
+        "pkce_required": false,              # per client (true)
+        "skip_authorization": true,          # false shows DOT's consent page (true)
+        "algorithm": "",                     # "" plain OAuth; "RS256"/"HS256" OIDC ("")
+        "introspection": false}],            # may be granted scope "introspection" (false)
+     "access_token_expire_seconds": 3600, "refresh_token_expire_seconds": 86400,
+     "rotate_refresh_token": true, "refresh_token_grace_period_seconds": 0,
+     "refresh_token_reuse_protection": false,  # reusing a rotated refresh token revokes its family
+     "allowed_redirect_uri_schemes": ["http", "https", "com.example.app"]}
+
+Endpoints (DOT's default urls mounted at /o/):
+
+    GET  /accounts/login/                     login form (csrfmiddlewaretoken, username, password, next)
+    POST /accounts/logout/                    end the upstream browser session
+    GET  /o/authorize/                        authorization endpoint
+    POST /o/token/                            token endpoint (client_secret_basic or client_secret_post)
+    POST /o/revoke_token/                     RFC 7009 revocation
+    POST /o/introspect/                       RFC 7662 introspection (see below)
+    GET  /o/userinfo/                         OIDC userinfo (Bearer token with scope openid)
+    GET  /o/.well-known/openid-configuration  OIDC discovery (issuer http://HOST:PORT/o)
+    GET  /o/.well-known/jwks.json             JWKS (RSA key generated at every start)
+    GET  /o/.well-known/oauth-authorization-server  RFC 8414 metadata
+
+Scopes: read, write (default when "scope" is omitted: "read write"), openid,
+profile, email, introspection.
+
+Introspection: DOT lets ANY confidential application that authenticates with
+its own client_id/secret (HTTP Basic, or client_id + client_secret form fields)
+introspect any token; no flag needed. Alternatively a Bearer access token with
+scope "introspection" works; only applications with "introspection": true may
+obtain that scope (typically "grant_type": "client-credentials").
+
+Not for production: secrets are hashed with Django's fast MD5 test hasher.
+"""
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import django
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from django.conf import settings
+
+HERE = Path(__file__).resolve().parent
+
+
+def configure_django(config, db_path, host, quiet):
+    pkce_clients = {a["client_id"] for a in config["applications"] if a.get("pkce_required", True)}
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY=os.urandom(32).hex(),
+        ALLOWED_HOSTS=["127.0.0.1", "localhost", "[::1]", host],
+        INSTALLED_APPS=[
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "django.contrib.sessions",
+            "oauth2_provider",
+        ],
+        MIDDLEWARE=[
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+        ],
+        ROOT_URLCONF="authserver",
+        TEMPLATES=[
+            {
+                "BACKEND": "django.template.backends.django.DjangoTemplates",
+                "DIRS": [HERE / "templates"],
+                "APP_DIRS": True,  # DOT's consent page
+                "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+            }
+        ],
+        DATABASES={
+            "default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": db_path,
+                # Many threads write concurrently: queue on the lock instead of failing.
+                "OPTIONS": {
+                    "timeout": 30,
+                    "transaction_mode": "IMMEDIATE",
+                    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                },
+            }
+        },
+        DEFAULT_AUTO_FIELD="django.db.models.AutoField",
+        USE_TZ=True,
+        PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+        LOGIN_URL="/accounts/login/",
+        # Cookies ignore ports: keep clear of the names Gatehouse may use on 127.0.0.1.
+        SESSION_COOKIE_NAME="upstream_sessionid",
+        CSRF_COOKIE_NAME="upstream_csrftoken",
+        LOGGING={
+            "version": 1,
+            "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+            "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},  # stderr
+            "root": {"handlers": ["stderr"], "level": "WARNING"},
+            "loggers": {  # django.server: access log; django.request: 4xx warnings, 5xx tracebacks
+                "django.server": {"handlers": ["stderr"], "level": "ERROR" if quiet else "INFO", "propagate": False},
+                "django.request": {"handlers": ["stderr"], "level": "ERROR" if quiet else "WARNING", "propagate": False},
+            },
+        },
+        UPSTREAM_INTROSPECTION_CLIENTS={
+            a["client_id"] for a in config["applications"] if a.get("introspection", False)
+        },
+        OAUTH2_PROVIDER={
+            "OAUTH2_VALIDATOR_CLASS": "authserver.Validator",
+            "SCOPES": {
+                "read": "Read",
+                "write": "Write",
+                "openid": "OpenID Connect",
+                "profile": "Profile",
+                "email": "Email",
+                "introspection": "Token introspection",
+            },
+            "DEFAULT_SCOPES": ["read", "write"],
+            "PKCE_REQUIRED": lambda client_id: client_id in pkce_clients,
+            "ACCESS_TOKEN_EXPIRE_SECONDS": config.get("access_token_expire_seconds", 3600),
+            "REFRESH_TOKEN_EXPIRE_SECONDS": config.get("refresh_token_expire_seconds", 86400),
+            "ROTATE_REFRESH_TOKEN": config.get("rotate_refresh_token", True),
+            "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": config.get("refresh_token_grace_period_seconds", 0),
+            "REFRESH_TOKEN_REUSE_PROTECTION": config.get("refresh_token_reuse_protection", False),
+            "ALLOWED_REDIRECT_URI_SCHEMES": config.get("allowed_redirect_uri_schemes", ["http", "https"]),
+            "OIDC_ENABLED": True,
+            "OIDC_RSA_PRIVATE_KEY": rsa_key.decode(),
+        },
+    )
+    django.setup()
+
+
+def seed(config):
+    from django.contrib.auth.models import User
+    from oauth2_provider.models import Application
+
+    for u in config["users"]:
+        User.objects.create_user(
+            u["username"], u.get("email", ""), u["password"],
+            first_name=u.get("first_name", ""), last_name=u.get("last_name", ""),
+        )
+    for a in config["applications"]:
+        app = Application(
+            name=a["client_id"],
+            client_id=a["client_id"],
+            client_type=a.get("client_type", "confidential"),
+            authorization_grant_type=a.get("grant_type", "authorization-code"),
+            redirect_uris=" ".join(a.get("redirect_uris", [])),
+            skip_authorization=a.get("skip_authorization", True),
+            algorithm=a.get("algorithm", ""),
+            # HS256 ID tokens are signed with the client secret, so it can't be hashed.
+            hash_client_secret=a.get("algorithm") != "HS256",
+        )
+        if app.client_type == "confidential":  # public clients keep DOT's random, unusable secret
+            app.client_secret = os.environ[a["client_secret_env"]]
+        app.full_clean()
+        app.save()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--quiet", action="store_true", help="log server errors (5xx) only")
+    args = parser.parse_args()
+    config = json.loads(args.config.read_text())
+
+    with tempfile.TemporaryDirectory(prefix="gatehouse-upstream-") as tmp:
+        configure_django(config, os.path.join(tmp, "db.sqlite3"), args.host, args.quiet)
+        from django.core.management import call_command
+        from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+        from django.core.wsgi import get_wsgi_application
+
+        call_command("migrate", verbosity=0, interactive=False)
+        seed(config)
+
+        class Server(ThreadedWSGIServer):
+            request_queue_size = 128  # listen backlog: bursts of 50+ connections
+
+        httpd = Server((args.host, args.port), WSGIRequestHandler, ipv6=":" in args.host)
+        httpd.set_app(get_wsgi_application())
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(json.dumps({"ready": True, "url": f"http://{host}:{httpd.server_address[1]}"}), flush=True)
+        sys.stdout = sys.stderr  # the ready line is the only stdout output
+
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            httpd.server_close()
+            logging.shutdown()
+
+
+if __name__ == "__main__":
+    main()
