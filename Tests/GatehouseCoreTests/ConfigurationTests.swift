@@ -82,3 +82,15 @@ struct ConfigurationTests {
         #expect(MappingReader.parseDuration(text) == expected)
     }
 }
+
+extension ConfigurationTests {
+    @Test func clientOfAnUpstreamWithProblemsGetsNoSecondError() {
+        let secrets = GatehouseConfiguration.SecretLookup(environment: { _ in nil }, readFile: { _ in "" })
+        do {
+            _ = try GatehouseConfiguration.decode(Self.document(), secrets: secrets)
+            Issue.record("expected a problem")
+        } catch {
+            #expect(error.problems.map(\.path) == ["upstreams[0].client_secret_env"])
+        }
+    }
+}

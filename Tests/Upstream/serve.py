@@ -28,7 +28,8 @@ parentheses):
         "grant_type": "authorization-code",  # or "client-credentials" (authorization-code)
         "pkce_required": false,              # per client (true)
         "skip_authorization": true,          # false shows DOT's consent page (true)
-        "algorithm": "",                     # "" plain OAuth; "RS256"/"HS256" OIDC ("")
+        "algorithm": "",                     # "" plain OAuth; "RS256"/"HS256" OIDC ("");
+                                             # HS256: secret stored unhashed, 32+ bytes
         "introspection": false}],            # may be granted scope "introspection" (false)
      "access_token_expire_seconds": 3600, "refresh_token_expire_seconds": 86400,
      "rotate_refresh_token": true, "refresh_token_grace_period_seconds": 0,
@@ -47,6 +48,7 @@ Endpoints (DOT's default urls mounted at /o/):
     GET  /o/.well-known/openid-configuration  OIDC discovery (issuer http://HOST:PORT/o)
     GET  /o/.well-known/jwks.json             JWKS (RSA key generated at every start)
     GET  /o/.well-known/oauth-authorization-server  RFC 8414 metadata
+    (DOT's device-flow and application-management views are mounted too, unused.)
 
 Scopes: read, write (default when "scope" is omitted: "read write"), openid,
 profile, email, introspection.
@@ -62,7 +64,6 @@ Not for production: secrets are hashed with Django's fast MD5 test hasher.
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -73,8 +74,15 @@ import django
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.conf import settings
+from django.core.management import call_command
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+from django.core.wsgi import get_wsgi_application
 
 HERE = Path(__file__).resolve().parent
+
+
+class Server(ThreadedWSGIServer):  # one thread per request
+    request_queue_size = 128  # listen backlog for bursts of 50+ connections
 
 
 def configure_django(config, db_path, host, quiet):
@@ -128,7 +136,7 @@ def configure_django(config, db_path, host, quiet):
         LOGGING={
             "version": 1,
             "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
-            "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},  # stderr
+            "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
             "root": {"handlers": ["stderr"], "level": "WARNING"},
             "loggers": {  # django.server: access log; django.request: 4xx warnings, 5xx tracebacks
                 "django.server": {"handlers": ["stderr"], "level": "ERROR" if quiet else "INFO", "propagate": False},
@@ -185,7 +193,12 @@ def seed(config):
             hash_client_secret=a.get("algorithm") != "HS256",
         )
         if app.client_type == "confidential":  # public clients keep DOT's random, unusable secret
-            app.client_secret = os.environ[a["client_secret_env"]]
+            secret = os.environ.get(a.get("client_secret_env", ""))
+            if not secret:
+                sys.exit(f"serve.py: {a['client_id']}: set client_secret_env to a non-empty environment variable")
+            if app.algorithm == "HS256" and len(secret.encode()) < 32:
+                sys.exit(f"serve.py: {a['client_id']}: HS256 needs a client secret of 32+ bytes")
+            app.client_secret = secret
         app.full_clean()
         app.save()
 
@@ -198,18 +211,15 @@ def main():
     parser.add_argument("--quiet", action="store_true", help="log server errors (5xx) only")
     args = parser.parse_args()
     config = json.loads(args.config.read_text())
+    # Exit via SystemExit so the temporary directory is removed. Explicit for SIGINT
+    # too: background jobs may inherit it as ignored.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
 
     with tempfile.TemporaryDirectory(prefix="gatehouse-upstream-") as tmp:
         configure_django(config, os.path.join(tmp, "db.sqlite3"), args.host, args.quiet)
-        from django.core.management import call_command
-        from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
-        from django.core.wsgi import get_wsgi_application
-
         call_command("migrate", verbosity=0, interactive=False)
         seed(config)
-
-        class Server(ThreadedWSGIServer):
-            request_queue_size = 128  # listen backlog: bursts of 50+ connections
 
         httpd = Server((args.host, args.port), WSGIRequestHandler, ipv6=":" in args.host)
         httpd.set_app(get_wsgi_application())
@@ -217,14 +227,10 @@ def main():
         print(json.dumps({"ready": True, "url": f"http://{host}:{httpd.server_address[1]}"}), flush=True)
         sys.stdout = sys.stderr  # the ready line is the only stdout output
 
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
         finally:
             httpd.server_close()
-            logging.shutdown()
 
 
 if __name__ == "__main__":

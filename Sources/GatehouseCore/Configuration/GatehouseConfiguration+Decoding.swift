@@ -31,19 +31,22 @@ extension GatehouseConfiguration {
         let store = top.mapping("store", required: true).flatMap { decodeStore($0) }
 
         var upstreams: [String: UpstreamSettings] = [:]
+        // Names are kept even for upstreams with problems, so clients naming them get no second error.
+        var upstreamNames: Set<String> = []
         for item in top.list("upstreams", required: true) ?? [] {
-            guard let map = reader.mapping(item.node, at: item.path),
-                  let upstream = decodeUpstream(map, secrets: secrets) else { continue }
-            if upstreams[upstream.name] != nil {
-                reader.report(item.path + ".name", item.node, "'\(upstream.name)' is used by another upstream")
+            guard let map = reader.mapping(item.node, at: item.path) else { continue }
+            if let name = (map.value("name")).flatMap({ reader.string($0, at: item.path + ".name") }),
+               !upstreamNames.insert(name).inserted {
+                reader.report(item.path + ".name", item.node, "'\(name)' is used by another upstream")
             }
+            guard let upstream = decodeUpstream(map, secrets: secrets) else { continue }
             upstreams[upstream.name] = upstream
         }
 
         var clients: [String: AppClient] = [:]
         for item in top.list("clients", required: true) ?? [] {
             guard let map = reader.mapping(item.node, at: item.path),
-                  let client = decodeClient(map, upstreams: upstreams) else { continue }
+                  let client = decodeClient(map, upstreams: upstreams, names: upstreamNames) else { continue }
             if clients[client.clientID] != nil {
                 reader.report(item.path + ".client_id", item.node, "'\(client.clientID)' is used by another client")
             }
@@ -98,10 +101,10 @@ extension GatehouseConfiguration {
             scopes: scopes, pkce: pkce, timeout: timeout ?? .seconds(10))
     }
 
-    private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings]) -> AppClient? {
+    private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
         let clientID = map.string("client_id", required: true)
         let upstreamName = map.string("upstream", required: true)
-        if let upstreamName, upstreams[upstreamName] == nil {
+        if let upstreamName, !names.contains(upstreamName) {
             map.reader.report(map.childPath("upstream"), map.value("upstream"), "names no upstream in 'upstreams'")
         }
         let wiring = map.choice("wiring", default: UpstreamWiring.callback)

@@ -1,0 +1,39 @@
+"""What the app sees when the upstream is down, slow or talking nonsense."""
+
+import requests
+
+from nativeapp import App
+
+
+def test_upstream_down_is_503_with_retry_after(gatehouse, seen):
+    response = App(gatehouse, seen, client_id="com.example.down").refresh("any-refresh-token")
+    assert response.status_code == 503
+    assert response.json()["error"] == "temporarily_unavailable"
+    assert int(response.headers["Retry-After"]) > 0
+
+
+def test_upstream_slower_than_its_timeout_is_504(gatehouse, seen):
+    response = App(gatehouse, seen, client_id="com.example.slow").refresh("any-refresh-token")
+    assert response.status_code == 504
+    assert response.json()["error"] == "temporarily_unavailable"
+
+
+def test_upstream_answering_invalid_json_is_502(gatehouse, seen):
+    response = App(gatehouse, seen, client_id="com.example.garbage").refresh("any-refresh-token")
+    assert response.status_code == 502
+    assert response.json()["error"] == "server_error"
+
+
+def test_upstream_refusing_a_refresh_token_is_invalid_grant(gatehouse, seen):
+    response = App(gatehouse, seen).refresh("not-a-real-refresh-token")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_grant"
+
+
+def test_malformed_token_bodies_are_400_never_5xx(gatehouse):
+    url = f"{gatehouse['url']}/oauth/token"
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    for body in [b"grant_type=refresh_token&grant_type=x", b"client_id=%FF%FE", b"a=%zz", b"\xff\xfe=1", b"&&&="]:
+        response = requests.post(url, data=body, headers=headers, timeout=5)
+        assert response.status_code == 400, (body, response.status_code, response.text)
+    assert requests.post(url, data=b"x=" + b"a" * 100_000, headers=headers, timeout=5).status_code == 413
