@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", exact: "2.101.3"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", exact: "2.13.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", exact: "1.8.0"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", exact: "5.8.0"),
     ],
     targets: [
         .target(
@@ -54,11 +55,27 @@ let package = Package(
             swiftSettings: upcoming
         ),
         .target(
+            name: "GatehouseRelay",
+            dependencies: [
+                "GatehouseCore",
+                "GatehouseUpstreams",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
             name: "GatehouseServer",
             dependencies: [
                 "GatehouseCore",
                 "GatehouseStore",
                 "GatehouseUpstreams",
+                "GatehouseRelay",
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -90,6 +107,7 @@ let package = Package(
                 "GatehouseStore",
                 "GatehouseCore",
                 "GatehouseUpstreams",
+                "GatehouseRelay",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

@@ -52,9 +52,21 @@ extension GatehouseConfiguration {
             }
             clients[client.clientID] = client
         }
+        var routes: [RouteSettings] = []
+        var prefixes: Set<String> = []
+        for item in top.list("routes") ?? [] {
+            guard let map = reader.mapping(item.node, at: item.path),
+                  let route = decodeRoute(map, upstreams: upstreams, names: upstreamNames, clients: clients) else { continue }
+            if !prefixes.insert(route.prefix).inserted {
+                reader.report(item.path + ".prefix", item.node, "'\(route.prefix)' is used by another route")
+            }
+            routes.append(route)
+        }
+        let cache = top.mapping("identity_cache").map(decodeIdentityCache) ?? IdentityCacheSettings()
         top.finish()
         guard let server, let store else { return nil }
-        return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients)
+        return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients,
+                                      routes: routes, identityCache: cache)
     }
 
     private static func decodeServer(_ map: MappingReader) -> ServerSettings? {
@@ -93,12 +105,13 @@ extension GatehouseConfiguration {
         let scopes = map.stringList("scopes") ?? []
         let pkce = map.bool("pkce") ?? false
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
+        let identity = map.mapping("identity").flatMap(decodeIdentity)
         map.finish()
         guard let name, let authorize, let token, let clientID, let secret else { return nil }
         return UpstreamSettings(
             name: name, kind: kind, authorizationEndpoint: authorize, tokenEndpoint: token, clientID: clientID,
             clientSecretSource: secret.source, clientSecret: secret.value, clientAuthentication: authentication,
-            scopes: scopes, pkce: pkce, timeout: timeout ?? .seconds(10))
+            scopes: scopes, pkce: pkce, identity: identity, timeout: timeout ?? .seconds(10))
     }
 
     private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
@@ -165,7 +178,7 @@ extension GatehouseConfiguration {
         }
     }
 
-    private static func endpoint(_ key: String, in map: MappingReader) -> String? {
+    static func endpoint(_ key: String, in map: MappingReader) -> String? {
         guard let text = map.string(key, required: true) else { return nil }
         if let problem = problemWithEndpoint(text, allowPath: true) {
             map.reader.report(map.childPath(key), map.value(key), problem)

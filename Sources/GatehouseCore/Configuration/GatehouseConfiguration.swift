@@ -4,12 +4,23 @@ public struct GatehouseConfiguration: Sendable {
     public var store: StoreSettings
     public var upstreams: [String: UpstreamSettings]
     public var clients: [String: AppClient]
+    /// Relayed prefixes, longest first.
+    public var routes: [RouteSettings]
+    public var identityCache: IdentityCacheSettings
 
-    public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient]) {
+    public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient],
+                routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings()) {
         self.server = server
         self.store = store
         self.upstreams = upstreams
         self.clients = clients
+        self.routes = routes.sorted { $0.prefix.count > $1.prefix.count }
+        self.identityCache = identityCache
+    }
+
+    /// The route owning `path`: the longest matching prefix.
+    public func route(for path: String) -> RouteSettings? {
+        routes.first { $0.owns(path) }
     }
 }
 
@@ -84,13 +95,15 @@ public struct UpstreamSettings: Sendable {
     public var scopes: [String]
     /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
     public var pkce: Bool
+    /// How the upstream's access tokens are turned into a caller identity, for relayed routes.
+    public var identity: IdentitySettings?
     /// Deadline for one whole exchange with the upstream (connect, send, answer).
     public var timeout: Duration
 
     public init(name: String, kind: UpstreamKind = .oauth2, authorizationEndpoint: String, tokenEndpoint: String,
                 clientID: String, clientSecretSource: SecretSource, clientSecret: Secret,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
-                pkce: Bool = false, timeout: Duration = .seconds(10)) {
+                pkce: Bool = false, identity: IdentitySettings? = nil, timeout: Duration = .seconds(10)) {
         self.name = name
         self.kind = kind
         self.authorizationEndpoint = authorizationEndpoint
@@ -101,6 +114,7 @@ public struct UpstreamSettings: Sendable {
         self.clientAuthentication = clientAuthentication
         self.scopes = scopes
         self.pkce = pkce
+        self.identity = identity
         self.timeout = timeout
     }
 }

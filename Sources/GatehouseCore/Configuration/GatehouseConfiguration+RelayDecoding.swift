@@ -1,0 +1,163 @@
+extension GatehouseConfiguration {
+    static let httpMethods: Set<String> = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    static let builtInSources: Set<String> = ["subject", "bpid", "scopes"]
+
+    static func decodeIdentity(_ map: MappingReader) -> IdentitySettings? {
+        let kind = map.choice("kind", default: IdentitySettings.Kind.personalInformation)
+        let url = map.string(kind == .jwt ? "jwks_url" : "url", required: true)
+        if let url, let problem = problemWithEndpoint(url, allowPath: true) {
+            map.reader.report(map.childPath(kind == .jwt ? "jwks_url" : "url"), map.node, problem)
+        }
+        var settings = IdentitySettings(kind: kind, url: url ?? "")
+        if kind == .personalInformation {
+            settings.method = map.string("method")?.uppercased() ?? "GET"
+            if !["GET", "POST"].contains(settings.method) {
+                map.reader.report(map.childPath("method"), map.value("method"), "must be GET or POST")
+            }
+            settings.format = map.choice("format", default: IdentitySettings.Format.json)
+            settings.tokenPlacement = decodePlacement(map)
+        }
+        let pathKind = settings.format == .xml ? "an element path such as /Response/BPId" : "a JSON Pointer such as /bpId"
+        func path(_ key: String) -> String? {
+            guard let text = map.string(key) else { return nil }
+            if !text.hasPrefix("/") || (settings.format == .json && JSONPointer(text) == nil) {
+                map.reader.report(map.childPath(key), map.value(key), "must be \(pathKind)")
+            }
+            return text
+        }
+        settings.subjectPath = path("subject")
+        settings.bpidPath = path("bpid")
+        settings.scopesPath = path("scopes")
+        if let attributes = map.mapping("attributes") {
+            for key in attributeKeys(attributes) {
+                if builtInSources.contains(key) {
+                    attributes.reader.report(attributes.childPath(key), attributes.node, "'\(key)' is built in; choose another name")
+                }
+                if let text = attributes.string(key, required: true) { settings.attributePaths[key] = text }
+            }
+            attributes.finish()
+        }
+        if kind == .jwt {
+            settings.issuer = map.string("issuer", required: true)
+            settings.audience = map.string("audience")
+            settings.algorithms = map.stringList("algorithms") ?? ["RS256"]
+            let known: Set<String> = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"]
+            if let bad = settings.algorithms.first(where: { !known.contains($0) }) {
+                map.reader.report(map.childPath("algorithms"), map.value("algorithms"), "'\(bad)' is not an accepted asymmetric algorithm")
+            }
+        }
+        settings.cacheTTL = map.duration("cache_ttl", in: .seconds(0)...(.seconds(86400))) ?? settings.cacheTTL
+        settings.negativeTTL = map.duration("negative_ttl", in: .seconds(0)...(.seconds(3600))) ?? settings.negativeTTL
+        settings.timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(60))) ?? settings.timeout
+        map.finish()
+        return url == nil ? nil : settings
+    }
+
+    private static func decodePlacement(_ map: MappingReader) -> IdentitySettings.TokenPlacement {
+        guard let text = map.string("token_placement") else { return .bearer }
+        let parts = text.split(separator: ":", maxSplits: 1).map(String.init)
+        switch (parts.first, parts.count) {
+        case ("bearer", 1): return .bearer
+        case ("query", 2): return .query(parts[1])
+        case ("form", 2): return .form(parts[1])
+        default:
+            map.reader.report(map.childPath("token_placement"), map.value("token_placement"),
+                              "must be bearer, query:PARAMETER or form:PARAMETER")
+            return .bearer
+        }
+    }
+
+    static func decodeRoute(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>,
+                            clients: [String: AppClient]) -> RouteSettings? {
+        let prefix = map.string("prefix", required: true)
+        if let prefix, !prefix.hasPrefix("/") || prefix.contains("?") || prefix.contains("#") || prefix.contains("..")
+            || prefix.hasPrefix("/oauth") || prefix.hasPrefix("/.well-known") || ["/", "/healthz", "/readyz"].contains(prefix)
+        {
+            map.reader.report(map.childPath("prefix"), map.value("prefix"),
+                              "must be a path such as /api/contracts, not /, and not under /oauth or /.well-known")
+        }
+        let backend = endpoint("backend", in: map)
+        let methods = Set((map.stringList("methods") ?? ["GET", "HEAD"]).map { $0.uppercased() })
+        if let bad = methods.first(where: { !httpMethods.contains($0) }) {
+            map.reader.report(map.childPath("methods"), map.value("methods"), "'\(bad)' is not a method Gatehouse relays")
+        }
+        let upstreamName = map.string("upstream", required: true)
+        var identity: IdentitySettings?
+        if let upstreamName {
+            if !names.contains(upstreamName) {
+                map.reader.report(map.childPath("upstream"), map.value("upstream"), "names no upstream in 'upstreams'")
+            } else if let upstream = upstreams[upstreamName] {
+                identity = upstream.identity
+                if identity == nil {
+                    map.reader.report(map.childPath("upstream"), map.value("upstream"),
+                                      "the upstream '\(upstreamName)' has no 'identity' to check tokens with")
+                }
+            }
+        }
+        var rule = RouteRule()
+        if let require = map.mapping("require") {
+            rule.scopes = Set(require.stringList("scopes") ?? [])
+            if let attributes = require.mapping("attributes") {
+                for key in attributeKeys(attributes) {
+                    if let value = attributes.string(key, required: true) { rule.attributes[key] = value }
+                }
+                attributes.finish()
+            }
+            require.finish()
+        }
+        if let identity, !rule.scopes.isEmpty, !identity.reportsScopes {
+            map.reader.report(map.childPath("require.scopes"), map.node,
+                              "the upstream's identity (\(identity.kind.rawValue)) reports no scopes; configure identity.scopes or drop the requirement")
+        }
+        var headers: [(name: String, source: String)] = []
+        if let headerMap = map.mapping("identity_headers") {
+            for name in attributeKeys(headerMap) {
+                guard let source = headerMap.string(name, required: true) else { continue }
+                let lower = name.lowercased()
+                if !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") })
+                    || ["authorization", "host", "cookie", "content-length", "transfer-encoding", "connection"].contains(lower)
+                {
+                    headerMap.reader.report(headerMap.childPath(name), headerMap.node, "is not a header Gatehouse may set")
+                }
+                if let identity, !builtInSources.contains(source), identity.attributePaths[source] == nil {
+                    headerMap.reader.report(headerMap.childPath(name), headerMap.node,
+                                            "'\(source)' is neither subject, bpid, scopes nor an attribute of the upstream's identity")
+                }
+                headers.append((name: name, source: source))
+            }
+            headerMap.finish()
+        }
+        for (source, _) in rule.attributes where !builtInSources.contains(source) {
+            if let identity, identity.attributePaths[source] == nil {
+                map.reader.report(map.childPath("require.attributes." + source), map.node,
+                                  "is not an attribute of the upstream's identity")
+            }
+        }
+        let authorization = map.choice("authorization", default: BackendAuthorization.remove)
+        let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(600)))
+        let maximumBody = map.integer("max_body_bytes", in: 0...(1 << 40))
+        let signIn = map.string("sign_in_client")
+        if let signIn, clients[signIn] == nil {
+            map.reader.report(map.childPath("sign_in_client"), map.value("sign_in_client"), "names no client in 'clients'")
+        }
+        map.finish()
+        guard let prefix, let backend, let upstreamName else { return nil }
+        let defaultClient = clients.values.filter { $0.upstream == upstreamName }.map(\.clientID).sorted()
+        return RouteSettings(
+            prefix: prefix, backend: backend.hasSuffix("/") ? String(backend.dropLast()) : backend, methods: methods,
+            upstream: upstreamName, rule: rule, identityHeaders: headers, authorization: authorization,
+            timeout: timeout ?? .seconds(30), maximumBodyBytes: maximumBody ?? 10 * 1024 * 1024,
+            signInClientID: signIn ?? (defaultClient.count == 1 ? defaultClient[0] : nil))
+    }
+
+    static func decodeIdentityCache(_ map: MappingReader) -> IdentityCacheSettings {
+        let settings = IdentityCacheSettings(maximumEntries: map.integer("max_entries", in: 1...50_000_000) ?? 100_000)
+        map.finish()
+        return settings
+    }
+
+    private static func attributeKeys(_ map: MappingReader) -> [String] {
+        guard case .mapping(let entries, _) = map.node else { return [] }
+        return entries.map(\.key)
+    }
+}

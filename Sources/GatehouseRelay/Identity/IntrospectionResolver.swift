@@ -1,0 +1,46 @@
+public import AsyncHTTPClient
+import Foundation
+import NIOHTTP1
+public import GatehouseCore
+import NIOCore
+
+/// RFC 7662 token introspection, authenticated with the upstream's own client credentials.
+public struct IntrospectionResolver: IdentityResolver {
+    let settings: IdentitySettings
+    let upstream: UpstreamSettings
+    let client: HTTPClient
+    let extraction: IdentityExtraction
+
+    public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient) {
+        self.settings = settings
+        self.upstream = upstream
+        self.client = client
+        self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub", "/username"])
+    }
+
+    public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
+        var request = HTTPClientRequest(url: settings.url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.headers.add(name: "Accept", value: "application/json")
+        var form = [("token", token), ("token_type_hint", "access_token")]
+        switch upstream.clientAuthentication {
+        case .clientSecretBasic:
+            let pair = FormParameters.encode(upstream.clientID) + ":" + FormParameters.encode(upstream.clientSecret.reveal())
+            request.headers.add(name: "Authorization", value: "Basic " + Data(pair.utf8).base64EncodedString())
+        case .clientSecretPost:
+            form += [("client_id", upstream.clientID), ("client_secret", upstream.clientSecret.reveal())]
+        }
+        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(FormParameters.encode($0.1))" }.joined(separator: "&")))
+        let (status, body) = try await IdentityHTTP.send(request, timeout: settings.timeout, client: client)
+        guard status == 200 else {
+            // The introspection endpoint refusing Gatehouse says nothing about the app's token.
+            throw IdentityUnavailable(.badResponse, "the introspection endpoint answered HTTP \(status)")
+        }
+        let object = try IdentityHTTP.json(body)
+        guard object["active"] as? Bool == true else { return .inactive }
+        let expiresAt = (object["exp"] as? NSNumber).map { Date(timeIntervalSince1970: $0.doubleValue) }
+        if let expiresAt, expiresAt <= Date() { return .inactive }
+        return .active(extraction.identity(fromJSON: object, expiresAt: expiresAt))
+    }
+}

@@ -1,0 +1,29 @@
+public import AsyncHTTPClient
+import Foundation
+import NIOHTTP1
+public import GatehouseCore
+
+/// OpenID Connect userinfo (OIDC Core §5.3): a JSON answer for a live token, 401 for a dead one.
+public struct UserinfoResolver: IdentityResolver {
+    let settings: IdentitySettings
+    let client: HTTPClient
+    let extraction: IdentityExtraction
+
+    public init(settings: IdentitySettings, client: HTTPClient) {
+        self.settings = settings
+        self.client = client
+        self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub"])
+    }
+
+    public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
+        var request = HTTPClientRequest(url: settings.url)
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        request.headers.add(name: "Accept", value: "application/json")
+        let (status, body) = try await IdentityHTTP.send(request, timeout: settings.timeout, client: client)
+        switch status {
+        case 200: return .active(extraction.identity(fromJSON: try IdentityHTTP.json(body), expiresAt: nil))
+        case 401, 403: return .inactive
+        default: throw IdentityUnavailable(.badResponse, "the userinfo endpoint answered HTTP \(status)")
+        }
+    }
+}
