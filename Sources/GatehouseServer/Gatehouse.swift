@@ -11,12 +11,16 @@ public struct Gatehouse: Sendable {
     public let upstreams: [String: any UpstreamClient]
     public let now: @Sendable () -> Date
     public let logger: Logger
+    /// The resource relay's services; `nil` when no route is configured.
+    public let relay: RelayServices?
 
     public init(configuration: GatehouseConfiguration, store: any AuthorizationStore,
-                upstreams: [String: any UpstreamClient], now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
+                upstreams: [String: any UpstreamClient], relay: RelayServices? = nil,
+                now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
         self.configuration = configuration
         self.store = store
         self.upstreams = upstreams
+        self.relay = relay
         self.now = now
         self.logger = logger
     }

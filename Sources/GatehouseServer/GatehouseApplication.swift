@@ -1,6 +1,7 @@
 public import AsyncHTTPClient
 import Foundation
 public import GatehouseCore
+import GatehouseRelay
 import GatehouseStore
 public import GatehouseUpstreams
 public import Hummingbird
@@ -19,18 +20,21 @@ public enum GatehouseApplication {
         "/oauth/token": [.post],
         "/healthz": [.get],
         "/readyz": [.get],
+        "/.well-known/jwks.json": [.get],
     ]
 
     /// The router with every endpoint; in-process tests drive it directly.
-    public static func router(for gatehouse: Gatehouse) -> Router<BasicRequestContext> {
-        let router = Router(context: BasicRequestContext.self)
+    public static func router(for gatehouse: Gatehouse) -> Router<GatehouseRequestContext> {
+        let router = Router(context: GatehouseRequestContext.self)
         router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: routes))
+        router.add(middleware: RelayMiddleware(gatehouse: gatehouse))
         router.get("/.well-known/oauth-authorization-server") { _, _ in gatehouse.metadata() }
         router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
         router.get("/oauth/callback") { request, _ in await gatehouse.callback(request) }
         router.post("/oauth/token") { request, _ in await gatehouse.token(request) }
         router.get("/healthz") { _, _ in gatehouse.health() }
         router.get("/readyz") { request, _ in await gatehouse.readiness(request) }
+        router.get("/.well-known/jwks.json") { request, _ in gatehouse.jwks(request) }
         return router
     }
 
@@ -59,9 +63,10 @@ public enum GatehouseApplication {
     public static func run(configuration: GatehouseConfiguration, logger: Logger) async throws {
         let store = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
         let httpClient = makeHTTPClient(for: configuration)
+        let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, logger: logger)
         let gatehouse = Gatehouse(configuration: configuration, store: store,
                                   upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
-                                  logger: logger)
+                                  relay: relay, logger: logger)
         let issuer = configuration.server.publicBaseURL
         let app = Application(
             router: router(for: gatehouse),
@@ -77,11 +82,31 @@ public enum GatehouseApplication {
         do {
             try await app.runService()
         } catch {
+            try? await relay?.backendClient.shutdown()
             try? await httpClient.shutdown()
             try? await store.close()
             throw error
         }
+        try await relay?.backendClient.shutdown()
         try await httpClient.shutdown()
         try await store.close()
+    }
+
+    /// The relay's cache, resolvers, backend client and signer; `nil` without routes.
+    public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient, logger: Logger)
+        async throws -> RelayServices?
+    {
+        guard !configuration.routes.isEmpty else { return nil }
+        var signer: AssertionSigner?
+        if configuration.routes.contains(where: { $0.authorization == .assertion }) || configuration.server.signingKey != nil {
+            signer = try await AssertionSigner(privateKeyPEM: configuration.server.signingKey, issuer: configuration.server.publicBaseURL)
+            if configuration.server.signingKey == nil {
+                logger.notice("assertions are signed with a key generated at start; set server.signing_key_file when several instances run")
+            }
+        }
+        return RelayServices(
+            configuration: configuration, cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries),
+            resolvers: configuration.identityResolvers(client: httpClient),
+            backendClient: RelayServices.makeBackendClient(for: configuration), signer: signer)
     }
 }

@@ -27,7 +27,7 @@ extension GatehouseConfiguration {
 
     private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup) -> GatehouseConfiguration? {
         guard let top = reader.mapping(root, at: "") else { return nil }
-        let server = top.mapping("server", required: true).flatMap { decodeServer($0) }
+        let server = top.mapping("server", required: true).flatMap { decodeServer($0, secrets: secrets) }
         let store = top.mapping("store", required: true).flatMap { decodeStore($0) }
 
         var upstreams: [String: UpstreamSettings] = [:]
@@ -69,7 +69,7 @@ extension GatehouseConfiguration {
                                       routes: routes, identityCache: cache)
     }
 
-    private static func decodeServer(_ map: MappingReader) -> ServerSettings? {
+    private static func decodeServer(_ map: MappingReader, secrets: SecretLookup) -> ServerSettings? {
         let base = map.string("public_base_url", required: true)
         if let base, let problem = problemWithEndpoint(base, allowPath: true) ?? (base.hasSuffix("/") ? "must not end with '/'" : nil) {
             map.reader.report(map.childPath("public_base_url"), map.value("public_base_url"), problem)
@@ -82,6 +82,14 @@ extension GatehouseConfiguration {
         settings.maximumBodyBytes = map.integer("max_body_bytes", in: 1024...(1024 * 1024)) ?? settings.maximumBodyBytes
         settings.upstreamConnectTimeout = map.duration("upstream_connect_timeout", in: .milliseconds(10)...(.seconds(60)))
             ?? settings.upstreamConnectTimeout
+        if let path = map.string("signing_key_file") {
+            if let pem = try? secrets.readFile(path), pem.contains("PRIVATE KEY") {
+                settings.signingKey = Secret(pem)
+            } else {
+                map.reader.report(map.childPath("signing_key_file"), map.value("signing_key_file"),
+                                  "cannot read a PEM private key from \(path)")
+            }
+        }
         map.finish()
         return base == nil ? nil : settings
     }

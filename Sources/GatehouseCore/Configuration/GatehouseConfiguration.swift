@@ -38,6 +38,8 @@ public struct ServerSettings: Sendable {
     public var maximumBodyBytes: Int
     /// How long Gatehouse waits for a TCP/TLS connection to any upstream.
     public var upstreamConnectTimeout: Duration
+    /// The PEM of Gatehouse's ES256 signing key (`signing_key_file`); generated at start when absent.
+    public var signingKey: Secret?
 
     public init(publicBaseURL: String, host: String = "127.0.0.1", port: Int = 8080,
                 transactionLifetime: Duration = .seconds(600), codeLifetime: Duration = .seconds(60),

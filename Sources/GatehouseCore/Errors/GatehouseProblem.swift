@@ -10,6 +10,11 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
         case invalidRedirectURI = "invalid_redirect_uri"
         case unknownState = "unknown_state"
         case storeUnavailable = "store_unavailable"
+        case invalidToken = "invalid_token"
+        case forbidden
+        case identityUnavailable = "identity_unavailable"
+        case backendUnavailable = "backend_unavailable"
+        case backendTimeout = "backend_timeout"
     }
 
     private let base: Base
@@ -48,6 +53,24 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
     }
     public static func unknownState(_ detail: String) -> Self {
         .init(.unknownState, status: 400, title: "Sign-in not recognised", detail: detail)
+    }
+    /// The access token is missing, unknown, expired or inactive: sign in again (RFC 6750 §3.1).
+    public static func invalidToken(_ detail: String) -> Self {
+        .init(.invalidToken, status: 401, title: "Sign-in required", detail: detail)
+    }
+    /// The caller is known but the route's rule says no; `detail` names the rule.
+    public static func forbidden(_ detail: String) -> Self {
+        .init(.forbidden, status: 403, title: "Forbidden", detail: detail)
+    }
+    public static func identityUnavailable() -> Self {
+        .init(.identityUnavailable, status: 503, title: "Service unavailable",
+              detail: "Gatehouse cannot check the access token right now. Nobody is signed out; please try again shortly.")
+    }
+    public static func backendUnavailable() -> Self {
+        .init(.backendUnavailable, status: 502, title: "Bad gateway", detail: "The service behind this route cannot be reached.")
+    }
+    public static func backendTimeout() -> Self {
+        .init(.backendTimeout, status: 504, title: "Gateway timeout", detail: "The service behind this route did not answer in time.")
     }
     public static func storeUnavailable() -> Self {
         .init(.storeUnavailable, status: 503, title: "Service unavailable",

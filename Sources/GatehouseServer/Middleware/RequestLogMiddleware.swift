@@ -9,13 +9,16 @@ import Logging
 ///
 /// The log line holds the method, the path and the status: never the query string, which
 /// carries codes and states, nor any header.
-struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
+struct RequestLogMiddleware: RouterMiddleware {
+    typealias Context = GatehouseRequestContext
     let logger: Logger
     let routes: [String: [HTTPRequest.Method]]
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
         let requestID = request.headers[.requestID].flatMap(Self.acceptable) ?? SecureToken.generate().prefix(16).description
+        var context = context
+        context.requestID = requestID
         var response: Response
         do {
             response = try await next(request, context)

@@ -35,7 +35,8 @@ extension Response {
     }
 
     /// An RFC 9457 problem, as `application/problem+json`, or as an HTML page for a browser.
-    static func problem(_ problem: GatehouseProblem, for request: Request, allow: [HTTPRequest.Method] = []) -> Response {
+    static func problem(_ problem: GatehouseProblem, for request: Request, allow: [HTTPRequest.Method] = [],
+                        signIn: ProblemBody.SignIn? = nil) -> Response {
         var headers = HTTPFields()
         headers[.cacheControl] = "no-store"
         if !allow.isEmpty {
@@ -48,7 +49,7 @@ extension Response {
             body = Data(ErrorPage.html(for: problem).utf8)
         } else {
             headers[.contentType] = "application/problem+json"
-            body = JSONCoding.encode(ProblemBody(problem, instance: request.uri.path))
+            body = JSONCoding.encode(ProblemBody(problem, instance: request.uri.path, signIn: signIn))
         }
         return Response(status: .init(code: problem.status), headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
@@ -72,14 +73,23 @@ struct ProblemBody: Encodable {
     let detail: String
     let instance: String
     let code: String
+    let sign_in: SignIn?
 
-    init(_ problem: GatehouseProblem, instance: String) {
+    /// Where the app signs in again, on a 401 from the relay (myVOO step 1b).
+    struct SignIn: Encodable {
+        let authorization_endpoint: String
+        let client_id: String?
+        let url: String?
+    }
+
+    init(_ problem: GatehouseProblem, instance: String, signIn: SignIn? = nil) {
         self.type = "urn:gatehouse:problem:\(problem.code)"
         self.title = problem.title
         self.status = problem.status
         self.detail = problem.detail
         self.instance = instance
         self.code = problem.code
+        self.sign_in = signIn
     }
 }
 

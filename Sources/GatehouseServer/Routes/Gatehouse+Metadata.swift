@@ -1,5 +1,6 @@
 import Foundation
 import GatehouseCore
+import GatehouseRelay
 import Hummingbird
 
 extension Gatehouse {
@@ -21,6 +22,14 @@ extension Gatehouse {
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "public, max-age=300"
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
+    }
+
+    /// `GET /.well-known/jwks.json`: the key backends verify Gatehouse's assertions with (RFC 7517).
+    func jwks(_ request: Request) -> Response {
+        guard let signer = relay?.signer else { return .problem(.notFound(), for: request) }
+        var response = Response.json(signer.jwks, status: .ok)
+        response.headers[.cacheControl] = "public, max-age=300"
+        return response
     }
 
     /// `GET /healthz`: the process is up.

@@ -1,0 +1,16 @@
+import GatehouseCore
+import Hummingbird
+
+/// Sends requests under a configured route prefix to the relay; everything else goes on to
+/// the router (where anything unknown is a 404, never relayed).
+struct RelayMiddleware: RouterMiddleware {
+    typealias Context = GatehouseRequestContext
+    let gatehouse: Gatehouse
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let route = gatehouse.configuration.route(for: request.uri.path) else {
+            return try await next(request, context)
+        }
+        return await gatehouse.relay(request, context: context, route: route)
+    }
+}

@@ -1,0 +1,38 @@
+public import AsyncHTTPClient
+public import GatehouseCore
+public import GatehouseRelay
+import NIOCore
+
+/// What the resource relay needs beside the configuration: the identity cache, one resolver
+/// per upstream with an identity service, the HTTP client toward backends and, for routes
+/// with `authorization: assertion`, the signer.
+public struct RelayServices: Sendable {
+    public let cache: IdentityCache
+    public let resolvers: [String: any IdentityResolver]
+    public let backendClient: HTTPClient
+    public let signer: AssertionSigner?
+    /// Every identity header name of every route, lower-cased: stripped from all relayed requests.
+    let identityHeaderNames: Set<String>
+
+    public init(configuration: GatehouseConfiguration, cache: IdentityCache, resolvers: [String: any IdentityResolver],
+                backendClient: HTTPClient, signer: AssertionSigner?) {
+        self.cache = cache
+        self.resolvers = resolvers
+        self.backendClient = backendClient
+        self.signer = signer
+        self.identityHeaderNames = Set(configuration.routes.flatMap { $0.identityHeaders.map { $0.name.lowercased() } })
+    }
+
+    /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression.
+    public static func makeBackendClient(for configuration: GatehouseConfiguration) -> HTTPClient {
+        var settings = HTTPClient.Configuration()
+        settings.redirectConfiguration = .disallow
+        settings.decompression = .disabled
+        settings.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 512)
+        let (seconds, attoseconds) = configuration.server.upstreamConnectTimeout.components
+        settings.timeout.connect = .milliseconds(seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+        let longest = configuration.routes.map(\.timeout).max() ?? .seconds(30)
+        settings.timeout.read = .seconds(longest.components.seconds + 1)
+        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
+    }
+}
