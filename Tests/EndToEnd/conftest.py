@@ -24,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
 
+from backends import EchoBackend, JWTIssuer, PersonalInformationService  # noqa: E402
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 
 
@@ -56,15 +57,19 @@ def upstream(workdir, gatehouse_port, seen):
     """django-oauth-toolkit with a legacy client (no PKCE, refresh rotation, grace 0)
     and a modern one (PKCE required)."""
     callback = f"http://127.0.0.1:{gatehouse_port}/oauth/callback"
-    env = dict(os.environ, UPSTREAM_SECRET_LEGACY=secrets.token_urlsafe(24), UPSTREAM_SECRET_MODERN=secrets.token_urlsafe(24))
-    seen.add(env["UPSTREAM_SECRET_LEGACY"], env["UPSTREAM_SECRET_MODERN"])
+    env = dict(os.environ, UPSTREAM_SECRET_LEGACY=secrets.token_urlsafe(24), UPSTREAM_SECRET_MODERN=secrets.token_urlsafe(24),
+               UPSTREAM_SECRET_OIDC=secrets.token_urlsafe(24))
+    seen.add(env["UPSTREAM_SECRET_LEGACY"], env["UPSTREAM_SECRET_MODERN"], env["UPSTREAM_SECRET_OIDC"])
     config = {
-        "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test"}],
+        "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test"},
+                  {"username": "bob", "password": "builder-42", "email": "bob@example.test"}],
         "applications": [
             {"client_id": "gatehouse-legacy", "client_secret_env": "UPSTREAM_SECRET_LEGACY",
              "redirect_uris": [callback, APP_REDIRECT], "pkce_required": False},
             {"client_id": "gatehouse-modern", "client_secret_env": "UPSTREAM_SECRET_MODERN",
              "redirect_uris": [callback], "pkce_required": True},
+            {"client_id": "gatehouse-oidc", "client_secret_env": "UPSTREAM_SECRET_OIDC",
+             "redirect_uris": [callback], "pkce_required": False, "algorithm": "RS256"},
         ],
         "rotate_refresh_token": True,
         "refresh_token_grace_period_seconds": 0,
@@ -131,7 +136,22 @@ class GarbageServer:
 
 
 @pytest.fixture(scope="session")
-def gatehouse(workdir, gatehouse_port, upstream, seen):
+def relay_doubles(upstream):
+    """The backend ("ESB"), the myVOO personal-information service (which checks tokens by
+    introspection at the real upstream) and a JWT issuer."""
+    backend = EchoBackend()
+    personal = PersonalInformationService(
+        introspection_url=upstream["url"] + "/o/introspect/", client_id="gatehouse-legacy",
+        client_secret=upstream["env"]["UPSTREAM_SECRET_LEGACY"],
+        users={USERNAME: ("1000123", "active"), "bob": ("1000456", "blocked")})
+    issuer = JWTIssuer()
+    yield {"backend": backend, "personal": personal, "jwt": issuer}
+    for server in (backend, personal, issuer):
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gatehouse(workdir, gatehouse_port, upstream, relay_doubles, seen):
     """The Gatehouse binary on SQLite, configured for every scenario of the suite."""
     binary = Path(os.environ.get("GATEHOUSE_BIN", ROOT / ".build/debug/gatehouse"))
     if not binary.exists():
@@ -141,7 +161,7 @@ def gatehouse(workdir, gatehouse_port, upstream, seen):
     up = upstream["url"]
 
     def oauth2(name, token_endpoint, client_id="gatehouse-legacy", secret_env="UPSTREAM_SECRET_LEGACY",
-               auth="client_secret_basic", pkce=False, timeout="3s"):
+               auth="client_secret_basic", pkce=False, timeout="3s", identity=""):
         return f"""
   - name: {name}
     kind: oauth2
@@ -152,15 +172,17 @@ def gatehouse(workdir, gatehouse_port, upstream, seen):
     client_auth: {auth}
     scopes: [read, write]
     pkce: {str(pkce).lower()}
-    timeout: {timeout}"""
+    timeout: {timeout}{identity}"""
 
-    def client(client_id, upstream_name, wiring="callback", redirects=(APP_REDIRECT, "http://127.0.0.1/callback")):
+    def client(client_id, upstream_name, wiring="callback", redirects=(APP_REDIRECT, "http://127.0.0.1/callback"),
+               scopes="[read, write]"):
         uris = ", ".join(f'"{r}"' for r in redirects)
         return f"""
   - client_id: {client_id}
     upstream: {upstream_name}
     wiring: {wiring}
     token_exposure: passthrough
+    scopes: {scopes}
     redirect_uris: [{uris}]"""
 
     config = f"""
@@ -170,8 +192,9 @@ server:
   port: {gatehouse_port}
 store:
   sqlite_path: {workdir}/gatehouse.sqlite
-upstreams:{oauth2("legacy", up + "/o/token/")}{oauth2("modern", up + "/o/token/", "gatehouse-modern", "UPSTREAM_SECRET_MODERN", "client_secret_post", True)}{oauth2("down", f"http://127.0.0.1:{closed_port}/token")}{oauth2("slow", f"http://127.0.0.1:{silent.port}/token", timeout="1s")}{oauth2("garbage", f"http://127.0.0.1:{garbage.port}/token")}
-clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}
+upstreams:{oauth2("legacy", up + "/o/token/", identity=PERSONAL_XML.format(relay_doubles["personal"].url))}{oauth2("modern", up + "/o/token/", "gatehouse-modern", "UPSTREAM_SECRET_MODERN", "client_secret_post", True)}{oauth2("down", f"http://127.0.0.1:{closed_port}/token")}{oauth2("slow", f"http://127.0.0.1:{silent.port}/token", timeout="1s")}{oauth2("garbage", f"http://127.0.0.1:{garbage.port}/token")}{oauth2("legacy-json", up + "/o/token/", identity=PERSONAL_JSON.format(relay_doubles["personal"].url))}{oauth2("legacy-introspection", up + "/o/token/", identity=INTROSPECTION.format(up))}{oauth2("oidc", up + "/o/token/", "gatehouse-oidc", "UPSTREAM_SECRET_OIDC", identity=USERINFO.format(up))}{oauth2("jwt", relay_doubles["jwt"].url + "/token", identity=JWT.format(relay_doubles["jwt"].url))}{oauth2("identity-down", up + "/o/token/", identity=PERSONAL_JSON.format(f"http://127.0.0.1:{closed_port}"))}
+clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}
+{routes(relay_doubles["backend"].url, closed_port)}
 """
     config_path = workdir / "gatehouse.yaml"
     config_path.write_text(config)
@@ -188,3 +211,92 @@ clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legac
         process.terminate()
         process.wait(10)
         log.close()
+
+
+PERSONAL_XML = """
+    identity:
+      kind: personal_information
+      url: {0}/UCP_SCIF_XML/UserManagement/GetPersonalInformation
+      format: xml
+      subject: /GetPersonalInformationResponse/PersonalInformation/Login
+      bpid: /GetPersonalInformationResponse/PersonalInformation/BPId
+      attributes:
+        bpid_status: /GetPersonalInformationResponse/PersonalInformation/BPIdStatus
+      cache_ttl: 5m
+      negative_ttl: 30s
+      timeout: 5s"""
+
+PERSONAL_JSON = """
+    identity:
+      kind: personal_information
+      url: {0}/json/UserManagement/GetPersonalInformation
+      format: json
+      subject: /personalInformation/login
+      bpid: /personalInformation/bpId
+      attributes:
+        bpid_status: /personalInformation/bpIdStatus
+      timeout: 2s"""
+
+INTROSPECTION = """
+    identity:
+      kind: introspection
+      url: {0}/o/introspect/"""
+
+USERINFO = """
+    identity:
+      kind: userinfo
+      url: {0}/o/userinfo/
+      attributes:
+        email: /email"""
+
+JWT = """
+    identity:
+      kind: jwt
+      jwks_url: {0}/jwks.json
+      issuer: {0}
+      audience: gatehouse-api
+      algorithms: [RS256]
+      bpid: /bpid"""
+
+
+def routes(backend, closed_port):
+    def route(prefix, target, upstream, methods="[GET, HEAD, POST, PUT]", extra=""):
+        return f"""
+  - prefix: {prefix}
+    backend: {target}
+    methods: {methods}
+    upstream: {upstream}
+    identity_headers:
+      X-BPId: bpid
+      X-Subject: subject{extra}"""
+
+    return "routes:" + "".join([
+        route("/api/contracts", backend + "/contracts", "legacy", extra="""
+      X-BPId-Status: bpid_status
+    require:
+      attributes:
+        bpid_status: active
+    max_body_bytes: 4294967296
+    sign_in_client: com.example.app"""),
+        route("/api/json", backend + "/json", "legacy-json"),
+        route("/api/introspected", backend + "/introspected", "legacy-introspection", extra="""
+    require:
+      scopes: [read]"""),
+        route("/api/admin", backend + "/admin", "legacy-introspection", extra="""
+    require:
+      scopes: [admin]"""),
+        route("/api/userinfo", backend + "/userinfo", "oidc", extra="""
+      X-Email: email"""),
+        route("/api/jwt", backend + "/jwt", "jwt", extra="""
+    require:
+      scopes: [read]
+    authorization: assertion"""),
+        route("/api/passthrough", backend + "/passthrough", "legacy-json", extra="""
+    authorization: passthrough"""),
+        route("/api/slow", backend + "/slow", "legacy-json", extra="""
+    timeout: 1s"""),
+        route("/api/down", f"http://127.0.0.1:{closed_port}/down", "legacy-json"),
+        route("/api/identity-down", backend + "/x", "identity-down"),
+        route("/api/small", backend + "/small", "legacy-json", extra="""
+    max_body_bytes: 1024"""),
+    ])

@@ -21,10 +21,10 @@ public final class IdentityCache: Sendable {
     }
 
     /// The identity for `token`: from the cache, or from `resolver` (once, however many ask).
-    public func resolve(token: String, ttl: Duration, negativeTTL: Duration, resolver: any IdentityResolver)
+    public func resolve(token: String, upstream: String, ttl: Duration, negativeTTL: Duration, resolver: any IdentityResolver)
         async throws(IdentityUnavailable) -> IdentityResolution
     {
-        let key = TokenKey(token: token)
+        let key = TokenKey(token: token, upstream: upstream)
         let now = clock()
         let lookup: Lookup = state.withLock { state in
             if let hit = state.get(key, now: now) { return .hit(hit) }
@@ -51,8 +51,8 @@ public final class IdentityCache: Sendable {
     }
 
     /// Drops the entry of a token (revoked, or its session ended).
-    public func invalidate(token: String) {
-        let key = TokenKey(token: token)
+    public func invalidate(token: String, upstream: String) {
+        let key = TokenKey(token: token, upstream: upstream)
         state.withLock { $0.remove(key) }
     }
 
@@ -60,8 +60,8 @@ public final class IdentityCache: Sendable {
     public var count: Int { state.withLock { $0.index.count } }
 
     /// Fills the cache directly, for measuring its memory (`gatehouse bench-identity-cache`).
-    public func insert(_ resolution: IdentityResolution, forToken token: String, ttl: Duration) {
-        let key = TokenKey(token: token)
+    public func insert(_ resolution: IdentityResolution, forToken token: String, upstream: String, ttl: Duration) {
+        let key = TokenKey(token: token, upstream: upstream)
         let expiry = clock() + ttl.milliseconds
         state.withLock { $0.set(key, resolution, expiry: expiry) }
     }

@@ -1,13 +1,18 @@
 import Crypto
 import Foundation
 
-/// The cache key of an access token: its SHA-256, as four words. The raw token is never a
-/// key, never stored and never logged.
+/// The cache key of an access token: the SHA-256 of the upstream's name and the token, as
+/// four words. The raw token is never a key, never stored and never logged. The upstream is
+/// part of the key because two upstreams' identity services may say different things.
 public struct TokenKey: Hashable, Sendable {
     let words: (UInt64, UInt64, UInt64, UInt64)
 
-    public init(token: String) {
-        let digest = SHA256.hash(data: Data(token.utf8))
+    public init(token: String, upstream: String) {
+        var hasher = SHA256()
+        hasher.update(data: Data(upstream.utf8))
+        hasher.update(data: [0])
+        hasher.update(data: Data(token.utf8))
+        let digest = hasher.finalize()
         self.words = digest.withUnsafeBytes { bytes in
             (bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self), bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self),
              bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self), bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self))

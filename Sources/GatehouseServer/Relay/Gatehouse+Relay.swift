@@ -31,7 +31,7 @@ extension Gatehouse {
         }
         let resolution: IdentityResolution
         do {
-            resolution = try await relay.cache.resolve(token: token, ttl: identitySettings.cacheTTL,
+            resolution = try await relay.cache.resolve(token: token, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                        negativeTTL: identitySettings.negativeTTL, resolver: resolver)
         } catch {
             logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])

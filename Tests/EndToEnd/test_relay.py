@@ -1,0 +1,266 @@
+"""The resource relay (myVOO steps 1a-1c and 6a-6b), end to end: tokens issued by the real
+authorization server through Gatehouse, identity from the personal-information service
+(XML and JSON), RFC 7662 introspection, OIDC userinfo and JWT validation, relayed to a
+backend that echoes what reached it."""
+
+import hashlib
+import http.client
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+from jwcrypto import jwk, jwt
+
+from nativeapp import App, InAppBrowser
+
+
+@pytest.fixture(scope="module")
+def alice(gatehouse, seen):
+    """A fresh access token for alice, obtained through Gatehouse from the real upstream."""
+    return issue_token(gatehouse, seen)
+
+
+def issue_token(gatehouse, seen, client_id="com.example.app", browser=None, scope="read write"):
+    app = App(gatehouse, seen, client_id=client_id)
+    location = (browser or InAppBrowser()).follow(app.authorize_url(scope=scope), app.redirect_uri)
+    code = dict(pair.split("=", 1) for pair in urlsplit(location).query.split("&"))["code"]
+    tokens = app.redeem(code)
+    assert tokens.status_code == 200, tokens.text
+    return tokens.json()["access_token"]
+
+
+def get(gatehouse, path, token=None, **kwargs):
+    headers = kwargs.pop("headers", {})
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return requests.get(gatehouse["url"] + path, headers=headers, timeout=30, **kwargs)
+
+
+def test_relay_sends_identity_headers_and_the_rest_of_the_path(gatehouse, alice, relay_doubles):
+    response = get(gatehouse, "/api/contracts/42/lines?from=2026-01", alice)
+    assert response.status_code == 200, response.text
+    echoed = response.json()
+    assert echoed["path"] == "/contracts/42/lines?from=2026-01"
+    assert echoed["headers"]["x-bpid"] == "1000123"
+    assert echoed["headers"]["x-subject"] == "alice"
+    assert echoed["headers"]["x-bpid-status"] == "active"
+    assert "authorization" not in echoed["headers"]  # route default: removed
+    assert echoed["headers"]["x-request-id"] == response.headers["X-Request-Id"]
+    assert echoed["headers"]["x-forwarded-for"] == "127.0.0.1"
+    assert echoed["headers"]["x-forwarded-proto"] == "http"
+    assert "for=127.0.0.1" in echoed["headers"]["forwarded"]
+
+
+def test_client_sent_identity_and_hop_by_hop_headers_never_reach_the_backend(gatehouse, alice):
+    response = get(gatehouse, "/api/contracts/1", alice, headers={
+        "X-BPId": "9999999", "x-subject": "mallory", "X-Email": "spoof@example.test", "X-Forwarded-For": "6.6.6.6",
+        "Connection": "keep-alive, X-Private-Hop", "X-Private-Hop": "secret", "Keep-Alive": "timeout=1",
+        "TE": "trailers", "Proxy-Authorization": "Basic Zm9vOmJhcg==", "X-Custom": "kept"})
+    headers = response.json()["headers"]
+    assert headers["x-bpid"] == "1000123"
+    assert headers["x-subject"] == "alice"
+    assert "x-email" not in headers  # an identity header of another route is stripped too
+    assert headers["x-forwarded-for"] == "127.0.0.1"
+    for hop in ("x-private-hop", "keep-alive", "te", "proxy-authorization"):
+        assert hop not in headers, hop
+    assert headers["x-custom"] == "kept"
+    # and the backend's own hop-by-hop headers do not come back
+    assert "Keep-Alive" not in response.headers
+    assert response.headers["X-Backend"] == "echo"
+
+
+def test_no_token_is_401_with_where_to_sign_in(gatehouse):
+    response = get(gatehouse, "/api/contracts/1")
+    assert response.status_code == 401
+    assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
+    body = response.json()
+    assert body["sign_in"]["authorization_endpoint"] == gatehouse["url"] + "/oauth/authorize"
+    assert "client_id=com.example.app" in body["sign_in"]["url"]
+
+
+def test_unknown_and_revoked_tokens_are_401(gatehouse, seen, upstream):
+    assert get(gatehouse, "/api/contracts/1", "not-a-real-token").status_code == 401
+    token = issue_token(gatehouse, seen)
+    revoked = requests.post(upstream["url"] + "/o/revoke_token/", data={"token": token},
+                            auth=("gatehouse-legacy", upstream["env"]["UPSTREAM_SECRET_LEGACY"]), timeout=10)
+    assert revoked.status_code == 200
+    response = get(gatehouse, "/api/contracts/1", token)
+    assert response.status_code == 401
+    assert "sign_in" in response.json()
+
+
+def test_expired_jwt_is_401(gatehouse, relay_doubles):
+    token = relay_doubles["jwt"].mint("carol", expires_in=-30)
+    assert get(gatehouse, "/api/jwt/x", token).status_code == 401
+
+
+def test_blocked_business_partner_is_403_naming_the_rule(gatehouse, seen):
+    token = issue_token(gatehouse, seen, browser=InAppBrowser(username="bob", password="builder-42"))
+    response = get(gatehouse, "/api/contracts/1", token)
+    assert response.status_code == 403
+    assert response.headers["Content-Type"] == "application/problem+json"
+    assert "bpid_status" in response.json()["detail"]
+    assert token not in response.text
+
+
+def test_missing_scope_is_403(gatehouse, alice):
+    response = get(gatehouse, "/api/admin/x", alice)
+    assert response.status_code == 403
+    assert "'admin'" in response.json()["detail"]
+
+
+def test_identity_through_json_personal_information(gatehouse, alice):
+    headers = get(gatehouse, "/api/json/x", alice).json()["headers"]
+    assert (headers["x-bpid"], headers["x-subject"]) == ("1000123", "alice")
+
+
+def test_identity_through_introspection_with_scope(gatehouse, alice):
+    response = get(gatehouse, "/api/introspected/x", alice)
+    assert response.status_code == 200, response.text
+    assert response.json()["headers"]["x-subject"] == "alice"
+
+
+def test_identity_through_oidc_userinfo(gatehouse, seen):
+    token = issue_token(gatehouse, seen, client_id="com.example.oidc", scope="openid email")
+    response = get(gatehouse, "/api/userinfo/x", token)
+    assert response.status_code == 200, response.text
+    assert response.json()["headers"]["x-email"] == "alice@example.test"
+
+
+def test_jwt_access_token_checked_locally_and_replaced_by_a_gatehouse_assertion(gatehouse, relay_doubles):
+    issuer = relay_doubles["jwt"]
+    token = issuer.mint("carol", scope="read", extra_claims={"bpid": "1000777"})
+    response = get(gatehouse, "/api/jwt/x", token)
+    assert response.status_code == 200, response.text
+    headers = response.json()["headers"]
+    assert headers["x-bpid"] == "1000777"
+    assertion = headers["authorization"].removeprefix("Bearer ")
+    assert assertion != token
+    keys = jwk.JWKSet.from_json(requests.get(gatehouse["url"] + "/.well-known/jwks.json", timeout=5).text)
+    claims = json.loads(jwt.JWT(jwt=assertion, key=keys, algs=["ES256"]).claims)
+    assert claims["sub"] == "carol" and claims["bpid"] == "1000777"
+    assert claims["iss"] == gatehouse["url"]
+    assert claims["exp"] - claims["iat"] <= 60
+
+
+@pytest.mark.parametrize("forge", ["unknown_key", "none", "hs256", "wrong_audience", "wrong_issuer"])
+def test_forged_jwts_are_401(gatehouse, relay_doubles, forge):
+    issuer = relay_doubles["jwt"]
+    token = {
+        "unknown_key": lambda: issuer.mint_with_unknown_key("carol"),
+        "none": lambda: issuer.mint_unsigned("carol", algorithm="none"),
+        "hs256": lambda: issuer.mint_unsigned("carol", algorithm="HS256"),
+        "wrong_audience": lambda: issuer.mint("carol", audience="another-api"),
+        "wrong_issuer": lambda: issuer.mint("carol", issuer="https://evil.example"),
+    }[forge]()
+    assert get(gatehouse, "/api/jwt/x", token).status_code == 401
+
+
+def test_passthrough_route_sends_the_apps_token(gatehouse, alice):
+    assert get(gatehouse, "/api/passthrough/x", alice).json()["headers"]["authorization"] == f"Bearer {alice}"
+
+
+def test_500_concurrent_first_calls_make_one_identity_call(gatehouse, seen, relay_doubles):
+    personal = relay_doubles["personal"]
+    token = issue_token(gatehouse, seen)
+    personal.delay_seconds = 1.0
+    barrier = threading.Barrier(500)
+
+    def call(_):
+        barrier.wait()
+        return get(gatehouse, "/api/contracts/1", token).status_code
+
+    try:
+        with ThreadPoolExecutor(max_workers=500) as pool:
+            statuses = list(pool.map(call, range(500)))
+    finally:
+        personal.delay_seconds = 0
+    assert statuses == [200] * 500
+    assert personal.calls_for(token) == 1
+
+
+def test_rejected_token_is_remembered_so_retries_do_not_hammer_the_service(gatehouse, relay_doubles):
+    personal = relay_doubles["personal"]
+    token = "rejected-" + os.urandom(8).hex()
+    statuses = [get(gatehouse, "/api/contracts/1", token).status_code for _ in range(100)]
+    assert statuses == [401] * 100
+    assert personal.calls_for(token) == 1
+
+
+def test_identity_service_down_is_503_and_signs_nobody_out(gatehouse, alice):
+    response = get(gatehouse, "/api/identity-down/x", alice)
+    assert response.status_code == 503
+    assert int(response.headers["Retry-After"]) > 0
+    assert response.json()["code"] == "identity_unavailable"
+
+
+def test_backend_down_is_502_and_slow_is_504(gatehouse, alice):
+    down = get(gatehouse, "/api/down/x", alice)
+    assert down.status_code == 502 and down.json()["code"] == "backend_unavailable"
+    slow = get(gatehouse, "/api/slow?seconds=3", alice)
+    assert slow.status_code == 504 and slow.json()["code"] == "backend_timeout"
+
+
+def test_unconfigured_paths_and_methods_are_refused(gatehouse, alice):
+    assert get(gatehouse, "/api/nothing-here", alice).status_code == 404
+    assert get(gatehouse, "/api/contractsX", alice).status_code == 404
+    deleted = requests.delete(gatehouse["url"] + "/api/contracts/1", headers={"Authorization": f"Bearer {alice}"}, timeout=10)
+    assert deleted.status_code == 405
+    assert "GET" in deleted.headers["Allow"]
+
+
+@pytest.mark.parametrize("path", ["/api/contracts/../admin", "/api/contracts/%2e%2e/admin", "/api/contracts//x"])
+def test_paths_that_climb_out_of_the_prefix_are_400(gatehouse, alice, path):
+    host = urlsplit(gatehouse["url"])
+    connection = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    connection.request("GET", path, headers={"Authorization": f"Bearer {alice}"})
+    assert connection.getresponse().status == 400
+
+
+def test_body_over_the_routes_limit_is_413(gatehouse, alice, relay_doubles):
+    before = relay_doubles["backend"].calls
+    response = requests.post(gatehouse["url"] + "/api/small/x", data=b"x" * 2048,
+                             headers={"Authorization": f"Bearer {alice}"}, timeout=10)
+    assert response.status_code == 413
+    assert relay_doubles["backend"].calls == before
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+
+
+def test_large_download_and_upload_stream_with_flat_memory(gatehouse, alice, relay_doubles):
+    pid = gatehouse["process"].pid
+    size = 1 << 30
+    get(gatehouse, "/api/contracts/warm", alice)
+    before = peak_rss_kib(pid)
+    digest = hashlib.sha256()
+    with get(gatehouse, f"/api/contracts/download?bytes={size}", alice, stream=True) as response:
+        assert response.status_code == 200
+        assert int(response.headers["Content-Length"]) == size
+        for chunk in response.iter_content(1 << 20):
+            digest.update(chunk)
+    assert digest.hexdigest() == relay_doubles["backend"].pattern_sha256(size)
+
+    upload_size = 256 << 20
+    block = os.urandom(1 << 20)
+    sent = hashlib.sha256()
+
+    def chunks():
+        for _ in range(upload_size // len(block)):
+            sent.update(block)
+            yield block
+
+    response = requests.put(gatehouse["url"] + "/api/contracts/upload", data=chunks(),
+                            headers={"Authorization": f"Bearer {alice}"}, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["body_bytes"] == upload_size
+    assert response.json()["body_sha256"] == sent.hexdigest()
+    grown_mib = (peak_rss_kib(pid) - before) / 1024
+    print(f"Gatehouse peak RSS grew by {grown_mib:.1f} MiB while relaying 1 GiB down and 256 MiB up")
+    assert grown_mib < 64
