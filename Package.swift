@@ -90,7 +90,10 @@ let package = Package(
             dependencies: [
                 "GatehouseServer",
                 "GatehouseCore",
+                "GatehouseRelay",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: upcoming
@@ -98,6 +101,11 @@ let package = Package(
         .testTarget(
             name: "GatehouseCoreTests",
             dependencies: ["GatehouseCore"],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseRelayTests",
+            dependencies: ["GatehouseRelay", "GatehouseCore"],
             swiftSettings: upcoming
         ),
         .testTarget(

@@ -3,6 +3,8 @@ import Foundation
 import GatehouseCore
 import GatehouseServer
 import Logging
+import NIOCore
+import NIOPosix
 
 @main
 struct GatehouseCommand: AsyncParsableCommand {
@@ -10,7 +12,7 @@ struct GatehouseCommand: AsyncParsableCommand {
         commandName: "gatehouse",
         abstract: "A backend-for-frontend OAuth gateway for native mobile apps.",
         version: "0.1.0",
-        subcommands: [Serve.self, CheckConfig.self])
+        subcommands: [Serve.self, CheckConfig.self, BenchIdentityCache.self])
 }
 
 struct Serve: AsyncParsableCommand {
@@ -31,6 +33,9 @@ struct Serve: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
+        // Swift concurrency runs on NIO's event loops: no thread hop between the server's
+        // channel, the route's task and the outbound client.
+        _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         let logger = Logger(label: "gatehouse")
         let configuration: GatehouseConfiguration
         do {

@@ -10,17 +10,29 @@ public final class CallerIdentity: Sendable, Equatable, CustomStringConvertible 
     public let bpid: String?
     /// When the token itself expires, when the identity service says.
     public let expiresAt: Date?
-    // Stored compactly: a short scope string stays inline (no allocation), attributes are a
-    // small array of pairs rather than a dictionary. A million cached identities must fit
-    // in a few hundred MiB (see Benchmarks/).
+    // Stored compactly, because a million cached identities must fit in a few hundred MiB
+    // (Benchmarks/): short strings stay inline (no allocation), the attribute names are one
+    // array shared by every identity from the same service, and their values one string.
     private let scopeText: String?
-    private let attributePairs: [(name: String, value: String)]
+    private let attributeNames: AttributeNames
+    private let attributeValues: String
 
-    public init(subject: String?, bpid: String?, scopes: Set<String>?, attributes: [String: String], expiresAt: Date?) {
+    public convenience init(subject: String?, bpid: String?, scopes: Set<String>?, attributes: [String: String], expiresAt: Date?) {
+        let names = AttributeNames(attributes.keys.sorted())
+        self.init(subject: subject, bpid: bpid, scopeText: scopes.map { $0.sorted().joined(separator: " ") },
+                  attributeNames: names, attributeValues: names.names.map { attributes[$0] }, expiresAt: expiresAt)
+    }
+
+    /// The compact form: `attributeValues` in the order of `attributeNames` (`nil` for absent).
+    public init(subject: String?, bpid: String?, scopeText: String?, attributeNames: AttributeNames,
+                attributeValues: [String?], expiresAt: Date?) {
         self.subject = subject
         self.bpid = bpid
-        self.scopeText = scopes.map { $0.sorted().joined(separator: " ") }
-        self.attributePairs = attributes.sorted { $0.key < $1.key }.map { (name: $0.key, value: $0.value) }
+        self.scopeText = scopeText
+        self.attributeNames = attributeNames
+        self.attributeValues = attributeValues.map { value in
+            value.map { AttributeNames.present + String($0.unicodeScalars.filter { $0 != AttributeNames.separatorScalar && $0 != AttributeNames.presentScalar }) } ?? ""
+        }.joined(separator: AttributeNames.separator)
         self.expiresAt = expiresAt
     }
 
@@ -31,7 +43,12 @@ public final class CallerIdentity: Sendable, Equatable, CustomStringConvertible 
 
     /// Further attributes by their configured names (for example `bpid_status`).
     public var attributes: [String: String] {
-        Dictionary(attributePairs.map { ($0.name, $0.value) }, uniquingKeysWith: { first, _ in first })
+        var result: [String: String] = [:]
+        for (name, value) in zip(attributeNames.names, attributeValues.split(separator: AttributeNames.separatorCharacter, omittingEmptySubsequences: false))
+        where value.first == AttributeNames.presentCharacter {
+            result[name] = String(value.dropFirst())
+        }
+        return result
     }
 
     /// Whether the token carries `scope`, without building a set.
@@ -45,7 +62,12 @@ public final class CallerIdentity: Sendable, Equatable, CustomStringConvertible 
         case "subject": subject
         case "bpid": bpid
         case "scopes": scopeText
-        default: attributePairs.first { $0.name == source }?.value
+        default:
+            attributeNames.names.firstIndex(of: source).flatMap { index in
+                let values = attributeValues.split(separator: AttributeNames.separatorCharacter, omittingEmptySubsequences: false)
+                guard index < values.count, values[index].first == AttributeNames.presentCharacter else { return nil }
+                return String(values[index].dropFirst())
+            }
         }
     }
 
@@ -56,6 +78,22 @@ public final class CallerIdentity: Sendable, Equatable, CustomStringConvertible 
 
     /// Names only: an identity is personal data, and logs carry none of it.
     public var description: String { "CallerIdentity(<redacted>)" }
+}
+
+/// The attribute names of one identity service, in a fixed order, shared by its identities.
+public final class AttributeNames: Sendable {
+    public let names: [String]
+    static let separator = "\u{1F}"
+    static let separatorScalar: Unicode.Scalar = "\u{1F}"
+    static let separatorCharacter: Character = "\u{1F}"
+    /// Starts every present value, so that an empty value differs from an absent one.
+    static let present = "\u{1E}"
+    static let presentScalar: Unicode.Scalar = "\u{1E}"
+    static let presentCharacter: Character = "\u{1E}"
+
+    public init(_ names: [String]) {
+        self.names = names
+    }
 }
 
 /// What an identity service said about a token.

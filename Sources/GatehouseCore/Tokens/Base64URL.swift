@@ -4,11 +4,25 @@ public import Foundation
 public enum Base64URL {
     /// Encodes bytes as unpadded base64url.
     public static func encode<Bytes: Sequence<UInt8>>(_ bytes: Bytes) -> String {
-        Data(bytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        let input = Array(bytes)
+        var output: [UInt8] = []
+        output.reserveCapacity((input.count * 4 + 2) / 3)
+        var index = 0
+        while index + 2 < input.count {
+            let word = UInt32(input[index]) << 16 | UInt32(input[index + 1]) << 8 | UInt32(input[index + 2])
+            output += [alphabet[Int(word >> 18 & 63)], alphabet[Int(word >> 12 & 63)], alphabet[Int(word >> 6 & 63)], alphabet[Int(word & 63)]]
+            index += 3
+        }
+        let remaining = input.count - index
+        if remaining > 0 {
+            let word = UInt32(input[index]) << 16 | (remaining == 2 ? UInt32(input[index + 1]) << 8 : 0)
+            output += [alphabet[Int(word >> 18 & 63)], alphabet[Int(word >> 12 & 63)]]
+            if remaining == 2 { output.append(alphabet[Int(word >> 6 & 63)]) }
+        }
+        return String(decoding: output, as: UTF8.self)
     }
+
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
 
     /// Decodes unpadded (or padded) base64url; `nil` when the text is not base64url.
     public static func decode(_ text: String) -> Data? {

@@ -8,8 +8,14 @@ import Crypto
 public enum SecureToken {
     /// 32 random bytes as unpadded base64url.
     public static func generate() -> String {
+        // Four 64-bit draws (each one `getrandom` call), not 32 one-byte draws.
         var generator = SystemRandomNumberGenerator()
-        return Base64URL.encode((0..<32).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(32)
+        for _ in 0..<4 {
+            withUnsafeBytes(of: generator.next() as UInt64) { bytes.append(contentsOf: $0) }
+        }
+        return Base64URL.encode(bytes)
     }
 
     /// The SHA-256 of a token as unpadded base64url: what the store keeps instead of the token.

@@ -2,6 +2,10 @@ import GatehouseCore
 
 /// A least-recently-used map from `TokenKey` to a resolution, in two flat arrays: a hash
 /// index and a slot array threaded into a doubly linked list by index (no per-entry object).
+///
+/// The index is keyed by the key's first 64 bits only (12 bytes a bucket instead of 36) and the
+/// slot holds the whole key: a lookup whose full key differs is a miss, and two live tokens
+/// sharing 64 bits (odds about 1 in 10^13 at a million entries) only evict each other.
 struct LRUState {
     private struct Slot {
         var key: TokenKey
@@ -13,7 +17,7 @@ struct LRUState {
 
     private static let none: Int32 = -1
     let capacity: Int
-    private(set) var index: [TokenKey: Int32] = [:]
+    private(set) var index: [UInt64: Int32] = [:]
     private var slots: [Slot] = []
     private var freeSlots: [Int32] = []
     private var head: Int32 = none  // most recently used
@@ -26,7 +30,7 @@ struct LRUState {
 
     /// The live value for `key`, marked most recently used; expired entries are removed.
     mutating func get(_ key: TokenKey, now: Int64) -> IdentityResolution? {
-        guard let slot = index[key] else { return nil }
+        guard let slot = index[key.words.0], slots[Int(slot)].key == key else { return nil }
         guard slots[Int(slot)].expiry > now else {
             remove(key)
             return nil
@@ -36,7 +40,8 @@ struct LRUState {
     }
 
     mutating func set(_ key: TokenKey, _ value: IdentityResolution, expiry: Int64) {
-        if let slot = index[key] {
+        if let slot = index[key.words.0] {
+            slots[Int(slot)].key = key
             slots[Int(slot)].value = value
             slots[Int(slot)].expiry = expiry
             moveToFront(slot)
@@ -57,11 +62,12 @@ struct LRUState {
         if head != Self.none { slots[Int(head)].previous = slot }
         head = slot
         if tail == Self.none { tail = slot }
-        index[key] = slot
+        index[key.words.0] = slot
     }
 
     mutating func remove(_ key: TokenKey) {
-        guard let slot = index.removeValue(forKey: key) else { return }
+        guard let slot = index[key.words.0], slots[Int(slot)].key == key else { return }
+        index[key.words.0] = nil
         unlink(slot)
         slots[Int(slot)].value = .inactive  // release the identity now
         freeSlots.append(slot)

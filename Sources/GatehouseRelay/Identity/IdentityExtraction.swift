@@ -7,6 +7,14 @@ struct IdentityExtraction: Sendable {
     let settings: IdentitySettings
     /// Paths used when the configuration names none (for example `/sub` for userinfo).
     let defaultSubjectPaths: [String]
+    /// One array of names for every identity of this service (see `CallerIdentity`).
+    let attributeNames: AttributeNames
+
+    init(settings: IdentitySettings, defaultSubjectPaths: [String]) {
+        self.settings = settings
+        self.defaultSubjectPaths = defaultSubjectPaths
+        self.attributeNames = AttributeNames(settings.attributePaths.keys.sorted())
+    }
 
     func identity(fromJSON object: Any, expiresAt: Date?) -> CallerIdentity {
         func read(_ path: String?) -> String? { path.flatMap(JSONPointer.init)?.string(in: object) }
@@ -17,8 +25,9 @@ struct IdentityExtraction: Sendable {
         } else {
             scopes = nil
         }
-        return CallerIdentity(subject: subject, bpid: read(settings.bpidPath), scopes: scopes,
-                              attributes: settings.attributePaths.compactMapValues { read($0) }, expiresAt: expiresAt)
+        return CallerIdentity(subject: subject, bpid: read(settings.bpidPath), scopeText: scopes.map { $0.sorted().joined(separator: " ") },
+                              attributeNames: attributeNames, attributeValues: attributeNames.names.map { read(settings.attributePaths[$0]) },
+                              expiresAt: expiresAt)
     }
 
     func identity(fromXML data: Data) -> CallerIdentity? {
@@ -27,8 +36,9 @@ struct IdentityExtraction: Sendable {
         guard let values = XMLValueReader.values(at: paths, in: data) else { return nil }
         return CallerIdentity(
             subject: settings.subjectPath.flatMap { values[$0] }, bpid: settings.bpidPath.flatMap { values[$0] },
-            scopes: settings.scopesPath.flatMap { values[$0] }.map { Set($0.split(separator: " ").map(String.init)) },
-            attributes: settings.attributePaths.compactMapValues { values[$0] }, expiresAt: nil)
+            scopeText: settings.scopesPath.flatMap { values[$0] }.map { $0.split(separator: " ").sorted().joined(separator: " ") },
+            attributeNames: attributeNames, attributeValues: attributeNames.names.map { settings.attributePaths[$0].flatMap { values[$0] } },
+            expiresAt: nil)
     }
 
     /// `scope` as a space-separated string (RFC 7662, RFC 9068) or `scp` as an array.

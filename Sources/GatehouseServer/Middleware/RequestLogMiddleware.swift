@@ -16,7 +16,7 @@ struct RequestLogMiddleware: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
-        let requestID = request.headers[.requestID].flatMap(Self.acceptable) ?? SecureToken.generate().prefix(16).description
+        let requestID = request.headers[.requestID].flatMap(Self.acceptable) ?? RequestIDGenerator.shared.next()
         var context = context
         context.requestID = requestID
         var response: Response

@@ -53,7 +53,7 @@ extension Gatehouse {
             let outbound = try await outboundRequest(request, context: context, route: route, identity: identity,
                                                      relay: relay, contentLength: contentLength)
             let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.nanoseconds))
-            return Self.inboundResponse(response, isHead: request.method == .head)
+            return try await Self.inboundResponse(response, isHead: request.method == .head)
         } catch let error as RelayBodyTooLarge {
             return .problem(.payloadTooLarge(limit: error.limit), for: request)
         } catch let error as HTTPClientError where error == .deadlineExceeded {
@@ -79,11 +79,14 @@ extension Gatehouse {
 
     /// The token of a single `Authorization: Bearer …` header (RFC 6750 §2.1); `nil` otherwise.
     static func bearerToken(_ values: [String]) -> String? {
-        guard values.count == 1, let value = values.first, value.count > 7,
-              value.prefix(7).lowercased() == "bearer " else { return nil }
-        let token = value.dropFirst(7).trimmingCharacters(in: .whitespaces)
-        guard !token.isEmpty, token.count <= 8192, !token.contains(" ") else { return nil }
-        return token
+        guard values.count == 1, let value = values.first?.utf8, value.count > 7 else { return nil }
+        let scheme = value.prefix(7)
+        guard scheme.elementsEqual("bearer ".utf8, by: { $0 | 0x20 == $1 }) else { return nil }
+        var token = value.dropFirst(7)
+        while token.first == UInt8(ascii: " ") { token = token.dropFirst() }
+        while token.last == UInt8(ascii: " ") { token = token.dropLast() }
+        guard !token.isEmpty, token.count <= 8192, !token.contains(UInt8(ascii: " ")) else { return nil }
+        return String(token)
     }
 
     private func outboundRequest(_ request: Request, context: GatehouseRequestContext, route: RouteSettings,
@@ -97,7 +100,8 @@ extension Gatehouse {
         outbound.method = HTTPMethod(rawValue: request.method.rawValue)
 
         let policy = RelayHeaderPolicy(route: route, allIdentityHeaders: relay.identityHeaderNames)
-        let connectionTokens = RelayHeaderPolicy.connectionTokens(request.headers[values: .connection])
+        let connectionValues = request.headers[values: .connection]
+        let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
         for field in request.headers where policy.forwardsRequestHeader(field.name.canonicalName, connectionTokens: connectionTokens) {
             outbound.headers.add(name: field.name.rawName, value: field.value)
         }
@@ -125,8 +129,8 @@ extension Gatehouse {
     }
 
     private func addForwardingHeaders(to headers: inout HTTPHeaders, context: GatehouseRequestContext) {
-        let proto = issuer.hasPrefix("https://") ? "https" : "http"
-        let host = issuer.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
+        let proto = relay?.forwardedProto ?? "http"
+        let host = relay?.forwardedHost ?? ""
         if let address = context.remoteAddress {
             headers.add(name: "X-Forwarded-For", value: address)
             let node = address.contains(":") ? "\"[\(address)]\"" : address
@@ -140,9 +144,10 @@ extension Gatehouse {
         headers.add(name: "Via", value: "1.1 gatehouse")
     }
 
-    private static func inboundResponse(_ response: HTTPClientResponse, isHead: Bool) -> Response {
+    private static func inboundResponse(_ response: HTTPClientResponse, isHead: Bool) async throws -> Response {
         var headers = HTTPFields()
-        let connectionTokens = RelayHeaderPolicy.connectionTokens(response.headers["connection"])
+        let connectionValues = response.headers["connection"]
+        let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
         var contentLength: Int?
         for (name, value) in response.headers {
             let lowercased = name.lowercased()
@@ -155,6 +160,11 @@ extension Gatehouse {
         if isHead {
             if let contentLength { headers[.contentLength] = String(contentLength) }
             return Response(status: status, headers: headers, body: ResponseBody())
+        }
+        if let contentLength, contentLength <= bufferedBodyLimit {
+            // Small bodies go out in one write with their head: fewer syscalls, no streaming task.
+            let buffer = try await response.body.collect(upTo: contentLength)
+            return Response(status: status, headers: headers, body: ResponseBody(byteBuffer: buffer))
         }
         let body = response.body
         return Response(status: status, headers: headers, body: ResponseBody(contentLength: contentLength) { writer in

@@ -13,6 +13,9 @@ public struct RelayServices: Sendable {
     public let signer: AssertionSigner?
     /// Every identity header name of every route, lower-cased: stripped from all relayed requests.
     let identityHeaderNames: Set<String>
+    /// `X-Forwarded-Proto` and `X-Forwarded-Host`, from the public base URL.
+    let forwardedProto: String
+    let forwardedHost: String
 
     public init(configuration: GatehouseConfiguration, cache: IdentityCache, resolvers: [String: any IdentityResolver],
                 backendClient: HTTPClient, signer: AssertionSigner?) {
@@ -21,6 +24,9 @@ public struct RelayServices: Sendable {
         self.backendClient = backendClient
         self.signer = signer
         self.identityHeaderNames = Set(configuration.routes.flatMap { $0.identityHeaders.map { $0.name.lowercased() } })
+        let base = configuration.server.publicBaseURL
+        self.forwardedProto = base.hasPrefix("https://") ? "https" : "http"
+        self.forwardedHost = base.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
     }
 
     /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression.
