@@ -8,6 +8,7 @@ public import Hummingbird
 import HTTPTypes
 public import Logging
 import NIOCore
+import NIOPosix
 import ServiceLifecycle
 
 /// Builds and runs the Hummingbird application around a `Gatehouse`.
@@ -68,8 +69,16 @@ public enum GatehouseApplication {
                                   upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
                                   relay: relay, logger: logger)
         let issuer = configuration.server.publicBaseURL
+        let fastPath = relay.map { relay in
+            (planner: FastRelayPlanner(configuration: configuration, relay: relay, logger: logger),
+             pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
+                                         connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.nanoseconds)))
+        }
         let app = Application(
             router: router(for: gatehouse),
+            server: .http1(configuration: .init(additionalChannelHandlers: fastPath.map {
+                [FastRelayHandler(planner: $0.planner, pool: $0.pool, logger: logger)]
+            } ?? [])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
             services: [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)],

@@ -264,3 +264,33 @@ def test_large_download_and_upload_stream_with_flat_memory(gatehouse, alice, rel
     grown_mib = (peak_rss_kib(pid) - before) / 1024
     print(f"Gatehouse peak RSS grew by {grown_mib:.1f} MiB while relaying 1 GiB down and 256 MiB up")
     assert grown_mib < 64
+
+
+def test_head_request_is_relayed_without_a_body(gatehouse, alice):
+    get(gatehouse, "/api/contracts/warm", alice)
+    response = requests.head(gatehouse["url"] + "/api/contracts/download?bytes=1000",
+                             headers={"Authorization": f"Bearer {alice}"}, timeout=10)
+    assert response.status_code == 200
+    assert response.headers["Content-Length"] == "1000"
+    assert response.content == b""
+
+
+def test_pipelined_requests_are_answered_in_order(gatehouse, alice):
+    """Cached-identity requests take the event loop's fast path and others go through the
+    general path; on one connection their answers must still come back in request order."""
+    get(gatehouse, "/api/contracts/warm", alice)
+    host = urlsplit(gatehouse["url"])
+    requests_text = "".join(
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {alice}\r\n\r\n"
+        for path in ["/api/contracts/1", "/api/slow?seconds=0.3", "/api/contracts/2", "/healthz", "/api/contracts/3"])
+    connection = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    connection.connect()
+    connection.sock.sendall(requests_text.encode())
+    bodies = []
+    for _ in range(5):
+        response = http.client.HTTPResponse(connection.sock, method="GET")
+        response.begin()
+        bodies.append(response.read())
+    answers = [json.loads(body) for body in bodies]
+    seen = [a.get("path") or ("slow" if "slept" in a else a.get("status")) for a in answers]
+    assert seen == ["/contracts/1", "slow", "/contracts/2", "ok", "/contracts/3"]

@@ -50,6 +50,13 @@ public final class IdentityCache: Sendable {
         }
     }
 
+    /// The cached resolution of `token`, without asking anyone (the relay's event-loop fast path).
+    public func peek(token: String, upstream: String) -> IdentityResolution? {
+        let key = TokenKey(token: token, upstream: upstream)
+        let now = clock()
+        return state.withLock { $0.get(key, now: now) }
+    }
+
     /// Drops the entry of a token (revoked, or its session ended).
     public func invalidate(token: String, upstream: String) {
         let key = TokenKey(token: token, upstream: upstream)

@@ -45,7 +45,7 @@ struct RequestLogMiddleware: RouterMiddleware {
     }
 
     /// A client's request id is kept only when it is short and plain.
-    private static func acceptable(_ value: String) -> String? {
+    static func acceptable(_ value: String) -> String? {
         guard (1...64).contains(value.utf8.count),
               value.utf8.allSatisfy({ $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") || $0 == UInt8(ascii: ".")
                   || (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0) })

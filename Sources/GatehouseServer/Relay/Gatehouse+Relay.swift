@@ -176,7 +176,7 @@ extension Gatehouse {
     }
 
     /// Identity values come from another service: no control characters may reach a header.
-    private static func headerSafe(_ value: String) -> String {
+    static func headerSafe(_ value: String) -> String {
         String(value.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(1024))
     }
 }

@@ -1,0 +1,272 @@
+import Foundation
+import GatehouseCore
+import GatehouseRelay
+import HTTPTypes
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+
+/// The relay's fast path, in the server's channel pipeline between the HTTP codec and
+/// Hummingbird: a request `FastRelayPlanner` accepts (no body, cached identity that passes
+/// the rule, plain-http backend) is relayed on a pooled backend connection of the same event
+/// loop, with no task, no hop between threads and no copy of the body. Every other request
+/// goes on to Hummingbird unchanged, where the general relay handles it.
+///
+/// Order is kept: a fast request starts only when Hummingbird owes no answer on this
+/// connection, and requests pipelined behind a fast one wait until it has been answered.
+final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, BackendExchangeDelegate {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
+
+    /// Parts a pipelining client may send while a fast exchange runs; more closes the connection.
+    static let maximumQueuedParts = 256
+
+    private let planner: FastRelayPlanner
+    private let pool: BackendConnectionPool
+    private let logger: Logger
+    private var context: ChannelHandlerContext?
+    private var remoteAddress: String?
+
+    /// Requests handed to Hummingbird whose answer has not ended yet.
+    private var generalOutstanding = 0
+    /// The inbound request now arriving belongs to Hummingbird.
+    private var forwardingInbound = false
+    /// The fast request's own remaining parts (its `.end`) are still to be read and dropped.
+    private var swallowingFastRequest = false
+    private var queued = CircularBuffer<HTTPRequestPart>()
+
+    private var current: FastRelayPlan?
+    private var backend: BackendConnection?
+    private var reused = false
+    private var retried = false
+    private var responseStarted = false
+    private var timeout: Scheduled<Void>?
+    private var started = NIODeadline.now()
+
+    init(planner: FastRelayPlanner, pool: BackendConnectionPool, logger: Logger) {
+        self.planner = planner
+        self.pool = pool
+        self.logger = logger
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        remoteAddress = context.channel.remoteAddress?.ipAddress
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        remoteAddress = context.channel.remoteAddress?.ipAddress
+        context.fireChannelActive()
+    }
+
+    // MARK: Inbound: the app's requests
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        if current != nil {
+            if swallowingFastRequest {
+                if case .end = part { swallowingFastRequest = false }
+                return
+            }
+            guard queued.count < Self.maximumQueuedParts else {
+                context.close(promise: nil)
+                return
+            }
+            queued.append(part)
+            return
+        }
+        process(part, context: context)
+    }
+
+    private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
+        switch part {
+        case .head(let request):
+            if generalOutstanding == 0, !forwardingInbound, let plan = planner.plan(request, remoteAddress: remoteAddress) {
+                swallowingFastRequest = true
+                start(plan, context: context)
+            } else {
+                generalOutstanding += 1
+                forwardingInbound = true
+                context.fireChannelRead(wrapInboundOut(part))
+            }
+        case .body:
+            if forwardingInbound { context.fireChannelRead(wrapInboundOut(part)) }
+        case .end:
+            if forwardingInbound {
+                forwardingInbound = false
+                context.fireChannelRead(wrapInboundOut(part))
+            } else {
+                swallowingFastRequest = false
+            }
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if current != nil {
+            timeout?.cancel()
+            backend?.handler.release(reusable: false)
+            backend = nil
+            current = nil
+        }
+        context.fireChannelInactive()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        // Backpressure for large answers: read the backend only as fast as the app takes it.
+        if let backend, current != nil {
+            backend.channel.setOption(ChannelOptions.autoRead, value: context.channel.isWritable).whenFailure { _ in }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    // MARK: Outbound: Hummingbird's answers pass through
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) { generalOutstanding -= 1 }
+        context.write(data, promise: promise)
+    }
+
+    // MARK: The fast exchange
+
+    private func start(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
+        current = plan
+        retried = false
+        responseStarted = false
+        started = .now()
+        let (seconds, attoseconds) = plan.route.timeout.components
+        timeout = context.eventLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) { [weak self] in
+            self?.timedOut()
+        }
+        pool.connection(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
+            guard let self, self.current != nil else {
+                if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
+                return
+            }
+            switch result {
+            case .success(let (connection, reused)):
+                self.backend = connection
+                self.reused = reused
+                connection.handler.send(plan.head, delegate: self)
+            case .failure:
+                self.answerProblem(.backendUnavailable())
+            }
+        }
+    }
+
+    func backendResponseHead(_ head: HTTPResponseHead) {
+        guard let context, let plan = current else { return }
+        responseStarted = true
+        timeout?.cancel()
+        var fields = HTTPFields()
+        let connectionValues = head.headers["connection"]
+        let tokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
+        for (name, value) in head.headers {
+            let lowercased = name.lowercased()
+            guard lowercased == "content-length" || RelayHeaderPolicy.forwardsResponseHeader(lowercased, connectionTokens: tokens),
+                  let fieldName = HTTPField.Name(name) else { continue }
+            fields.append(HTTPField(name: fieldName, value: value))
+        }
+        fields[.requestID] = plan.requestID
+        let status = HTTPResponse.Status(code: Int(head.status.code), reasonPhrase: head.status.reasonPhrase)
+        context.write(wrapOutboundOut(.head(HTTPResponse(status: status, headerFields: fields))), promise: nil)
+    }
+
+    func backendResponseBody(_ buffer: ByteBuffer) {
+        guard let context, current != nil else { return }
+        context.write(wrapOutboundOut(.body(buffer)), promise: nil)
+        if !context.channel.isWritable {
+            // Stop reading the backend first: the flush below may make the channel writable
+            // again at once, and `channelWritabilityChanged` then turns reading back on.
+            backend?.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+            context.flush()
+        }
+    }
+
+    func backendReadComplete() {
+        guard let context, current != nil, responseStarted else { return }
+        context.flush()
+    }
+
+    func backendResponseEnd(reusable: Bool) {
+        guard let context, let plan = current else { return }
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        backend?.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+        backend?.handler.release(reusable: reusable)
+        backend = nil
+        finish(plan, status: responseStatusForLog)
+    }
+
+    func backendFailed(_ error: any Error, beforeHead: Bool) {
+        guard let context, let plan = current else { return }
+        backend = nil
+        guard beforeHead else {
+            // The answer has begun: the app's connection cannot be saved.
+            timeout?.cancel()
+            current = nil
+            context.close(promise: nil)
+            return
+        }
+        if reused, !retried {
+            // A pooled connection the backend had closed: GET and HEAD are safe to send again.
+            retried = true
+            pool.connect(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
+                guard let self, self.current != nil else { return }
+                switch result {
+                case .success(let connection):
+                    self.backend = connection
+                    self.reused = false
+                    connection.handler.send(plan.head, delegate: self)
+                case .failure:
+                    self.answerProblem(.backendUnavailable())
+                }
+            }
+            return
+        }
+        answerProblem(.backendUnavailable())
+    }
+
+    private func timedOut() {
+        guard current != nil, !responseStarted else { return }
+        backend?.handler.release(reusable: false)
+        backend = nil
+        answerProblem(.backendTimeout())
+    }
+
+    private var responseStatusForLog = 0
+
+    private func answerProblem(_ problem: GatehouseProblem) {
+        guard let context, let plan = current else { return }
+        timeout?.cancel()
+        let body = JSONCoding.encode(ProblemBody(problem, instance: plan.route.prefix))
+        var fields = HTTPFields()
+        fields[.contentType] = "application/problem+json"
+        fields[.cacheControl] = "no-store"
+        fields[.contentLength] = String(body.count)
+        fields[.requestID] = plan.requestID
+        context.write(wrapOutboundOut(.head(HTTPResponse(status: .init(code: problem.status), headerFields: fields))), promise: nil)
+        if !plan.isHead { context.write(wrapOutboundOut(.body(ByteBuffer(bytes: body))), promise: nil) }
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
+        finish(plan, status: problem.status)
+    }
+
+    private func finish(_ plan: FastRelayPlan, status: Int) {
+        current = nil
+        if logger.logLevel <= .info {
+            let elapsed = Double((NIODeadline.now() - started).nanoseconds) / 1_000_000
+            logger.info("request", metadata: [
+                "request_id": .string(plan.requestID), "method": .string(plan.isHead ? "HEAD" : "GET"),
+                "path": .string(plan.route.prefix + "/…"), "fast": "true", "ms": .string(String(format: "%.1f", elapsed)),
+            ])
+        }
+        guard let context, !queued.isEmpty else { return }
+        while current == nil, let part = queued.popFirst() {
+            process(part, context: context)
+        }
+        // Hummingbird's channel delivers what it was handed at the end of a read batch.
+        context.fireChannelReadComplete()
+    }
+}

@@ -1,0 +1,110 @@
+import GatehouseCore
+import GatehouseRelay
+import HTTPTypes
+import Logging
+import NIOHTTP1
+
+/// A relayed request the event loop can answer on its own: everything about it is known
+/// without waiting (a plain-http backend, no request body, a cached identity that passes
+/// the route's rule). Everything else goes the general way, through Hummingbird.
+struct FastRelayPlan {
+    let route: RouteSettings
+    let backend: BackendAddress
+    let head: HTTPRequestHead
+    let requestID: String
+    let isHead: Bool
+}
+
+/// Where a route's backend listens, parsed once from its URL.
+struct BackendAddress: Hashable, Sendable {
+    let host: String
+    let port: Int
+    /// The path prefix the rest of the app's path is appended to (no trailing slash).
+    let basePath: String
+    var key: String { "\(host):\(port)" }
+
+    /// `nil` for https backends (they take the general path, which speaks TLS).
+    init?(url: String) {
+        guard url.hasPrefix("http://") else { return nil }
+        let rest = url.dropFirst(7)
+        let authority = rest.prefix { $0 != "/" }
+        let path = rest.dropFirst(authority.count)
+        var host = String(authority)
+        var port = 80
+        if let colon = authority.lastIndex(of: ":"), !authority.hasSuffix("]") {
+            guard let parsed = Int(authority[authority.index(after: colon)...]) else { return nil }
+            host = String(authority[..<colon])
+            port = parsed
+        }
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        self.host = host
+        self.port = port
+        self.basePath = path.hasSuffix("/") ? String(path.dropLast()) : String(path)
+    }
+}
+
+/// Decides, synchronously and on the event loop, whether a request takes the fast path.
+struct FastRelayPlanner: Sendable {
+    let configuration: GatehouseConfiguration
+    let relay: RelayServices
+    let backends: [String: BackendAddress]
+    let logger: Logger
+
+    init(configuration: GatehouseConfiguration, relay: RelayServices, logger: Logger) {
+        self.configuration = configuration
+        self.relay = relay
+        self.logger = logger
+        var backends: [String: BackendAddress] = [:]
+        for route in configuration.routes {
+            if let address = BackendAddress(url: route.backend) { backends[route.prefix] = address }
+        }
+        self.backends = backends
+    }
+
+    func plan(_ request: HTTPRequest, remoteAddress: String?) -> FastRelayPlan? {
+        guard let target = request.path, request.method == .get || request.method == .head else { return nil }
+        let pathEnd = target.firstIndex(of: "?") ?? target.endIndex
+        let path = String(target[..<pathEnd])
+        guard let route = configuration.route(for: path), let backend = backends[route.prefix],
+              route.methods.contains(request.method.rawValue), route.authorization != .assertion,
+              RelayHeaderPolicy.isSafe(path: path) else { return nil }
+        let fields = request.headerFields
+        // A body, an expectation or a wish to close: the general path handles those.
+        if fields[.transferEncoding] != nil || fields[.expect] != nil { return nil }
+        if let length = fields[.contentLength], length != "0" { return nil }
+        let connectionValues = fields[values: .connection]
+        let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
+        if connectionTokens.contains("close") || connectionTokens.contains("upgrade") { return nil }
+        guard let token = Gatehouse.bearerToken(fields[values: .authorization]),
+              case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
+              route.rule.violation(by: identity) == nil else { return nil }
+
+        let requestID = fields[.requestID].flatMap(RequestLogMiddleware.acceptable) ?? RequestIDGenerator.shared.next()
+        let policy = RelayHeaderPolicy(route: route, allIdentityHeaders: relay.identityHeaderNames)
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(fields.count + 8)
+        headers.add(name: "Host", value: backend.port == 80 ? backend.host : "\(backend.host):\(backend.port)")
+        for field in fields where policy.forwardsRequestHeader(field.name.canonicalName, connectionTokens: connectionTokens) {
+            headers.add(name: field.name.rawName, value: field.value)
+        }
+        for header in route.identityHeaders {
+            if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Gatehouse.headerSafe(value)) }
+        }
+        let host = relay.forwardedHost
+        if let remoteAddress {
+            headers.add(name: "X-Forwarded-For", value: remoteAddress)
+            let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
+            headers.add(name: "Forwarded", value: "for=\(node);proto=\(relay.forwardedProto);host=\"\(host)\"")
+        } else {
+            headers.add(name: "Forwarded", value: "proto=\(relay.forwardedProto);host=\"\(host)\"")
+        }
+        headers.add(name: "X-Forwarded-Proto", value: relay.forwardedProto)
+        headers.add(name: "X-Forwarded-Host", value: host)
+        headers.add(name: "X-Request-Id", value: requestID)
+        headers.add(name: "Via", value: "1.1 gatehouse")
+        let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
+        let uri = backend.basePath + rest + target[pathEnd...]
+        let head = HTTPRequestHead(version: .http1_1, method: request.method == .head ? .HEAD : .GET, uri: uri, headers: headers)
+        return FastRelayPlan(route: route, backend: backend, head: head, requestID: requestID, isHead: request.method == .head)
+    }
+}
