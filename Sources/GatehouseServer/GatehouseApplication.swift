@@ -77,7 +77,8 @@ public enum GatehouseApplication {
         let app = Application(
             router: router(for: gatehouse),
             server: .http1(configuration: .init(additionalChannelHandlers: fastPath.map {
-                [FastRelayHandler(planner: $0.planner, pool: $0.pool, logger: logger)]
+                let (planner, pool) = $0
+                return [FastRelayInstaller { FastRelayHandler(planner: planner, pool: pool, logger: logger) }]
             } ?? [])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),

@@ -12,14 +12,18 @@ public struct RouteRule: Sendable, Equatable {
 
     /// `nil` when the caller may pass; otherwise the rule they do not meet, in words fit for a 403.
     public func violation(by identity: CallerIdentity) -> String? {
-        if let missing = scopes.sorted().first(where: { !identity.hasScope($0) }) {
+        // The common case, a caller who passes, allocates nothing; the first rule broken, in
+        // name order, is named.
+        if !scopes.allSatisfy(identity.hasScope), let missing = scopes.sorted().first(where: { !identity.hasScope($0) }) {
             return "this route requires the scope '\(missing)'"
         }
-        for (source, expected) in attributes.sorted(by: { $0.key < $1.key }) {
+        func broken(_ source: String, _ expected: String) -> Bool {
             let actual = identity.value(of: source) ?? ""
-            if expected == "*" ? actual.isEmpty : actual != expected {
-                return expected == "*" ? "this route requires a value for '\(source)'" : "this route requires '\(source)' to be '\(expected)'"
-            }
+            return expected == "*" ? actual.isEmpty : actual != expected
+        }
+        guard attributes.contains(where: broken) else { return nil }
+        for (source, expected) in attributes.sorted(by: { $0.key < $1.key }) where broken(source, expected) {
+            return expected == "*" ? "this route requires a value for '\(source)'" : "this route requires '\(source)' to be '\(expected)'"
         }
         return nil
     }

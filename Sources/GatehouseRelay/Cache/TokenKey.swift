@@ -9,9 +9,11 @@ public struct TokenKey: Hashable, Sendable {
 
     public init(token: String, upstream: String) {
         var hasher = SHA256()
-        hasher.update(data: Data(upstream.utf8))
+        var upstream = upstream
+        var token = token
+        upstream.withUTF8 { hasher.update(bufferPointer: UnsafeRawBufferPointer($0)) }
         hasher.update(data: [0])
-        hasher.update(data: Data(token.utf8))
+        token.withUTF8 { hasher.update(bufferPointer: UnsafeRawBufferPointer($0)) }
         let digest = hasher.finalize()
         self.words = digest.withUnsafeBytes { bytes in
             (bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self), bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self),

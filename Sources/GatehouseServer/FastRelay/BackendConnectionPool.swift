@@ -18,6 +18,11 @@ final class BackendConnectionPool: Sendable {
         self.connectTimeout = connectTimeout
     }
 
+    /// An idle connection to `backend` on `eventLoop`, if there is one (no future, no allocation).
+    func idleConnection(to backend: BackendAddress, on eventLoop: any EventLoop) -> BackendConnection? {
+        loops[ObjectIdentifier(eventLoop)]?.takeIdle(backend.key)
+    }
+
     /// An idle connection to `backend` on `eventLoop`, or a new one. `reused` says which.
     func connection(to backend: BackendAddress, on eventLoop: any EventLoop) -> EventLoopFuture<(BackendConnection, reused: Bool)> {
         guard let pool = loops[ObjectIdentifier(eventLoop)] else {

@@ -1,14 +1,13 @@
 import Foundation
 import GatehouseCore
 import GatehouseRelay
-import HTTPTypes
 import Logging
 import NIOCore
 import NIOHTTP1
-import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
 
-/// The relay's fast path, in the server's channel pipeline between the HTTP codec and
-/// Hummingbird: a request `FastRelayPlanner` accepts (no body, cached identity that passes
+/// The relay's fast path, in the server's channel pipeline right after the HTTP/1.1 codec,
+/// in front of Hummingbird's conversion to HTTP types: a request `FastRelayPlanner` accepts (no body, cached identity that passes
 /// the rule, plain-http backend) is relayed on a pooled backend connection of the same event
 /// loop, with no task, no hop between threads and no copy of the body. Every other request
 /// goes on to Hummingbird unchanged, where the general relay handles it.
@@ -16,10 +15,10 @@ import NIOHTTPTypes
 /// Order is kept: a fast request starts only when Hummingbird owes no answer on this
 /// connection, and requests pipelined behind a fast one wait until it has been answered.
 final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, BackendExchangeDelegate {
-    typealias InboundIn = HTTPRequestPart
-    typealias InboundOut = HTTPRequestPart
-    typealias OutboundIn = HTTPResponsePart
-    typealias OutboundOut = HTTPResponsePart
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
     /// Parts a pipelining client may send while a fast exchange runs; more closes the connection.
     static let maximumQueuedParts = 256
@@ -36,7 +35,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private var forwardingInbound = false
     /// The fast request's own remaining parts (its `.end`) are still to be read and dropped.
     private var swallowingFastRequest = false
-    private var queued = CircularBuffer<HTTPRequestPart>()
+    private var queued = CircularBuffer<HTTPServerRequestPart>()
 
     private var current: FastRelayPlan?
     private var backend: BackendConnection?
@@ -81,7 +80,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         process(part, context: context)
     }
 
-    private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
+    private func process(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         switch part {
         case .head(let request):
             if generalOutstanding == 0, !forwardingInbound, let plan = planner.plan(request, remoteAddress: remoteAddress) {
@@ -140,6 +139,12 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         timeout = context.eventLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) { [weak self] in
             self?.timedOut()
         }
+        if let idle = pool.idleConnection(to: plan.backend, on: context.eventLoop) {
+            backend = idle
+            reused = true
+            idle.handler.send(plan.head, delegate: self)
+            return
+        }
         pool.connection(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
             guard let self, self.current != nil else {
                 if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
@@ -160,23 +165,22 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         guard let context, let plan = current else { return }
         responseStarted = true
         timeout?.cancel()
-        var fields = HTTPFields()
+        var head = head
         let connectionValues = head.headers["connection"]
-        let tokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
-        for (name, value) in head.headers {
-            let lowercased = name.lowercased()
-            guard lowercased == "content-length" || RelayHeaderPolicy.forwardsResponseHeader(lowercased, connectionTokens: tokens),
-                  let fieldName = HTTPField.Name(name) else { continue }
-            fields.append(HTTPField(name: fieldName, value: value))
+        if !connectionValues.isEmpty {
+            for token in RelayHeaderPolicy.connectionTokens(connectionValues) { head.headers.remove(name: token) }
         }
-        fields[.requestID] = plan.requestID
-        let status = HTTPResponse.Status(code: Int(head.status.code), reasonPhrase: head.status.reasonPhrase)
-        context.write(wrapOutboundOut(.head(HTTPResponse(status: status, headerFields: fields))), promise: nil)
+        if head.headers.contains(where: { RelayHeaderPolicy.isHopByHop($0.name) }) {
+            for name in RelayHeaderPolicy.hopByHop { head.headers.remove(name: name) }
+        }
+        head.headers.replaceOrAdd(name: "X-Request-Id", value: plan.requestID)
+        head.version = .http1_1
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
     }
 
     func backendResponseBody(_ buffer: ByteBuffer) {
         guard let context, current != nil else { return }
-        context.write(wrapOutboundOut(.body(buffer)), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         if !context.channel.isWritable {
             // Stop reading the backend first: the flush below may make the channel writable
             // again at once, and `channelWritabilityChanged` then turns reading back on.
@@ -241,13 +245,13 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         guard let context, let plan = current else { return }
         timeout?.cancel()
         let body = JSONCoding.encode(ProblemBody(problem, instance: plan.route.prefix))
-        var fields = HTTPFields()
-        fields[.contentType] = "application/problem+json"
-        fields[.cacheControl] = "no-store"
-        fields[.contentLength] = String(body.count)
-        fields[.requestID] = plan.requestID
-        context.write(wrapOutboundOut(.head(HTTPResponse(status: .init(code: problem.status), headerFields: fields))), promise: nil)
-        if !plan.isHead { context.write(wrapOutboundOut(.body(ByteBuffer(bytes: body))), promise: nil) }
+        let headers: HTTPHeaders = [
+            "Content-Type": "application/problem+json", "Cache-Control": "no-store",
+            "Content-Length": String(body.count), "X-Request-Id": plan.requestID,
+        ]
+        let head = HTTPResponseHead(version: .http1_1, status: .init(statusCode: problem.status), headers: headers)
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
         finish(plan, status: problem.status)
@@ -268,5 +272,25 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         }
         // Hummingbird's channel delivers what it was handed at the end of a read batch.
         context.fireChannelReadComplete()
+    }
+}
+
+/// Added by Hummingbird with the other per-connection handlers (after its HTTP-types codec);
+/// moves the fast path in front of that codec, where requests are still NIOHTTP1 parts, so
+/// a relayed request is never converted to HTTP types and back.
+final class FastRelayInstaller: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Never
+    private let makeHandler: () -> FastRelayHandler
+
+    init(_ makeHandler: @escaping () -> FastRelayHandler) {
+        self.makeHandler = makeHandler
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let operations = context.pipeline.syncOperations
+        if let codec = try? operations.handler(type: HTTP1ToHTTPServerCodec.self) {
+            try? operations.addHandler(makeHandler(), position: .before(codec))
+        }
+        operations.removeHandler(context: context, promise: nil)
     }
 }

@@ -1,6 +1,5 @@
 import GatehouseCore
 import GatehouseRelay
-import HTTPTypes
 import Logging
 import NIOHTTP1
 
@@ -48,6 +47,8 @@ struct FastRelayPlanner: Sendable {
     let configuration: GatehouseConfiguration
     let relay: RelayServices
     let backends: [String: BackendAddress]
+    /// Each route's header policy, built once.
+    let policies: [String: RelayHeaderPolicy]
     let logger: Logger
 
     init(configuration: GatehouseConfiguration, relay: RelayServices, logger: Logger) {
@@ -59,33 +60,36 @@ struct FastRelayPlanner: Sendable {
             if let address = BackendAddress(url: route.backend) { backends[route.prefix] = address }
         }
         self.backends = backends
+        self.policies = Dictionary(configuration.routes.map {
+            ($0.prefix, RelayHeaderPolicy(route: $0, allIdentityHeaders: relay.identityHeaderNames))
+        }, uniquingKeysWith: { first, _ in first })
     }
 
-    func plan(_ request: HTTPRequest, remoteAddress: String?) -> FastRelayPlan? {
-        guard let target = request.path, request.method == .get || request.method == .head else { return nil }
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
+        guard request.method == .GET || request.method == .HEAD, request.version == .http1_1 else { return nil }
+        let target = request.uri
         let pathEnd = target.firstIndex(of: "?") ?? target.endIndex
         let path = String(target[..<pathEnd])
-        guard let route = configuration.route(for: path), let backend = backends[route.prefix],
+        guard let route = configuration.route(for: path), let backend = backends[route.prefix], let policy = policies[route.prefix],
               route.methods.contains(request.method.rawValue), route.authorization != .assertion,
               RelayHeaderPolicy.isSafe(path: path) else { return nil }
-        let fields = request.headerFields
+        let fields = request.headers
         // A body, an expectation or a wish to close: the general path handles those.
-        if fields[.transferEncoding] != nil || fields[.expect] != nil { return nil }
-        if let length = fields[.contentLength], length != "0" { return nil }
-        let connectionValues = fields[values: .connection]
+        if fields.contains(name: "transfer-encoding") || fields.contains(name: "expect") { return nil }
+        if let length = fields.first(name: "content-length"), length != "0" { return nil }
+        let connectionValues = fields["connection"]
         let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
         if connectionTokens.contains("close") || connectionTokens.contains("upgrade") { return nil }
-        guard let token = Gatehouse.bearerToken(fields[values: .authorization]),
+        guard let token = Gatehouse.bearerToken(fields["authorization"]),
               case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
               route.rule.violation(by: identity) == nil else { return nil }
 
-        let requestID = fields[.requestID].flatMap(RequestLogMiddleware.acceptable) ?? RequestIDGenerator.shared.next()
-        let policy = RelayHeaderPolicy(route: route, allIdentityHeaders: relay.identityHeaderNames)
+        let requestID = fields.first(name: "x-request-id").flatMap(RequestLogMiddleware.acceptable) ?? RequestIDGenerator.shared.next()
         var headers = HTTPHeaders()
         headers.reserveCapacity(fields.count + 8)
         headers.add(name: "Host", value: backend.port == 80 ? backend.host : "\(backend.host):\(backend.port)")
-        for field in fields where policy.forwardsRequestHeader(field.name.canonicalName, connectionTokens: connectionTokens) {
-            headers.add(name: field.name.rawName, value: field.value)
+        for (name, value) in fields where policy.forwardsRequestHeader(anyCase: name, connectionTokens: connectionTokens) {
+            headers.add(name: name, value: value)
         }
         for header in route.identityHeaders {
             if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Gatehouse.headerSafe(value)) }
@@ -104,7 +108,7 @@ struct FastRelayPlanner: Sendable {
         headers.add(name: "Via", value: "1.1 gatehouse")
         let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
         let uri = backend.basePath + rest + target[pathEnd...]
-        let head = HTTPRequestHead(version: .http1_1, method: request.method == .head ? .HEAD : .GET, uri: uri, headers: headers)
-        return FastRelayPlan(route: route, backend: backend, head: head, requestID: requestID, isHead: request.method == .head)
+        let head = HTTPRequestHead(version: .http1_1, method: request.method, uri: uri, headers: headers)
+        return FastRelayPlan(route: route, backend: backend, head: head, requestID: requestID, isHead: request.method == .HEAD)
     }
 }
