@@ -42,8 +42,9 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
     public static func methodNotAllowed(_ detail: String = "This address does not take that method.") -> Self {
         .init(.methodNotAllowed, status: 405, title: "Method not allowed", detail: detail)
     }
-    public static func payloadTooLarge(limit: Int) -> Self {
-        .init(.payloadTooLarge, status: 413, title: "Payload too large", detail: "The request body is larger than \(limit) bytes.")
+    public static func payloadTooLarge(limit: Int?) -> Self {
+        .init(.payloadTooLarge, status: 413, title: "Payload too large",
+              detail: limit.map { "The request body is larger than \($0) bytes." } ?? "The request is larger than Gatehouse accepts.")
     }
     public static func unknownClient(_ detail: String) -> Self {
         .init(.unknownClient, status: 400, title: "Unknown app", detail: detail)

@@ -244,7 +244,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private func answerProblem(_ problem: GatehouseProblem) {
         guard let context, let plan = current else { return }
         timeout?.cancel()
-        let body = JSONCoding.encode(ProblemBody(problem, instance: plan.route.prefix))
+        let body = JSONCoding.encode(ProblemBody(problem, instance: plan.path))
         let headers: HTTPHeaders = [
             "Content-Type": "application/problem+json", "Cache-Control": "no-store",
             "Content-Length": String(body.count), "X-Request-Id": plan.requestID,
@@ -263,7 +263,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             let elapsed = Double((NIODeadline.now() - started).nanoseconds) / 1_000_000
             logger.info("request", metadata: [
                 "request_id": .string(plan.requestID), "method": .string(plan.isHead ? "HEAD" : "GET"),
-                "path": .string(plan.route.prefix + "/…"), "fast": "true", "ms": .string(String(format: "%.1f", elapsed)),
+                "path": .string(plan.path), "fast": "true", "ms": .string(String(format: "%.1f", elapsed)),
             ])
         }
         guard let context, !queued.isEmpty else { return }

@@ -12,6 +12,8 @@ struct FastRelayPlan {
     let head: HTTPRequestHead
     let requestID: String
     let isHead: Bool
+    /// The app's path, for logs and the `instance` of problems.
+    let path: String
 }
 
 /// Where a route's backend listens, parsed once from its URL.
@@ -109,6 +111,6 @@ struct FastRelayPlanner: Sendable {
         let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
         let uri = backend.basePath + rest + target[pathEnd...]
         let head = HTTPRequestHead(version: .http1_1, method: request.method, uri: uri, headers: headers)
-        return FastRelayPlan(route: route, backend: backend, head: head, requestID: requestID, isHead: request.method == .HEAD)
+        return FastRelayPlan(route: route, backend: backend, head: head, requestID: requestID, isHead: request.method == .HEAD, path: path)
     }
 }

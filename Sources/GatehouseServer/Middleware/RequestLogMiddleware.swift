@@ -29,7 +29,7 @@ struct RequestLogMiddleware: RouterMiddleware {
                 response = .problem(.notFound(), for: request)
             }
         } catch let error as HTTPError where error.status == .contentTooLarge {
-            response = .problem(.payloadTooLarge(limit: 0), for: request)
+            response = .problem(.payloadTooLarge(limit: nil), for: request)
         } catch {
             logger.error("unhandled error", metadata: ["error_type": .string(String(describing: type(of: error)))])
             response = .problem(.badRequest("The request could not be processed."), for: request)
