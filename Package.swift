@@ -97,6 +97,7 @@ let package = Package(
                 "GatehouseServer",
                 "GatehouseCore",
                 "GatehouseRelay",
+                "GatehouseStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -13,14 +13,17 @@ public struct Gatehouse: Sendable {
     public let logger: Logger
     /// The resource relay's services; `nil` when no route is configured.
     public let relay: RelayServices?
+    /// Sealed sessions; `nil` when no client is sealed.
+    public let sessions: SessionServices?
 
     public init(configuration: GatehouseConfiguration, store: any AuthorizationStore,
-                upstreams: [String: any UpstreamClient], relay: RelayServices? = nil,
+                upstreams: [String: any UpstreamClient], relay: RelayServices? = nil, sessions: SessionServices? = nil,
                 now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
         self.configuration = configuration
         self.store = store
         self.upstreams = upstreams
         self.relay = relay
+        self.sessions = sessions
         self.now = now
         self.logger = logger
     }

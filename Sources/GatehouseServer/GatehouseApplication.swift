@@ -19,6 +19,7 @@ public enum GatehouseApplication {
         "/oauth/authorize": [.get],
         "/oauth/callback": [.get],
         "/oauth/token": [.post],
+        "/oauth/revoke": [.post],
         "/healthz": [.get],
         "/readyz": [.get],
         "/.well-known/jwks.json": [.get],
@@ -33,6 +34,7 @@ public enum GatehouseApplication {
         router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
         router.get("/oauth/callback") { request, _ in await gatehouse.callback(request) }
         router.post("/oauth/token") { request, _ in await gatehouse.token(request) }
+        router.post("/oauth/revoke") { request, _ in await gatehouse.revoke(request) }
         router.get("/healthz") { _, _ in gatehouse.health() }
         router.get("/readyz") { request, _ in await gatehouse.readiness(request) }
         router.get("/.well-known/jwks.json") { request, _ in gatehouse.jwks(request) }
@@ -65,12 +67,13 @@ public enum GatehouseApplication {
         let store = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
         let httpClient = makeHTTPClient(for: configuration)
         let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, logger: logger)
+        let sessions = configuration.sessions.map { SessionServices(store: store, settings: $0, logger: logger) }
         let gatehouse = Gatehouse(configuration: configuration, store: store,
                                   upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
-                                  relay: relay, logger: logger)
+                                  relay: relay, sessions: sessions, logger: logger)
         let issuer = configuration.server.publicBaseURL
         let fastPath = relay.map { relay in
-            (planner: FastRelayPlanner(configuration: configuration, relay: relay, logger: logger),
+            (planner: FastRelayPlanner(configuration: configuration, relay: relay, sessions: sessions, logger: logger),
              pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
                                          connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.nanoseconds)))
         }
@@ -82,7 +85,8 @@ public enum GatehouseApplication {
             } ?? [])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
-            services: [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)],
+            services: [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]
+                + (sessions.map { [Reencryption(sessions: $0, interval: configuration.store.sweepInterval, logger: logger)] } ?? []),
             onServerRunning: { channel in
                 logger.notice("gatehouse is ready", metadata: [
                     "address": .string(channel.localAddress?.description ?? "?"), "issuer": .string(issuer),

@@ -17,4 +17,7 @@ public protocol UpstreamClient: Sendable {
 
     /// Swaps an upstream refresh token, adding Gatehouse's client credentials.
     func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse
+
+    /// Revokes a token at the upstream's RFC 7009 endpoint, when it has one; best effort.
+    func revoke(_ token: String, hint: String) async
 }

@@ -2,6 +2,9 @@
 
 import os
 import subprocess
+from pathlib import Path
+
+BINARY = os.environ.get("GATEHOUSE_BIN", str(Path(__file__).resolve().parents[2] / ".build/debug/gatehouse"))
 
 BAD = """
 server:
@@ -31,7 +34,7 @@ def run(binary, path, env=None):
 def test_check_config_lists_every_problem_with_its_path(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(BAD)
-    result = run(os.environ["GATEHOUSE_BIN"], path)
+    result = run(BINARY, path)
     assert result.returncode == 78
     for expected in ["line 3: server.public_base_url", "line 4: server.colour: is not a known setting",
                      "line 12: upstreams[0].client_secret", "line 16: clients[0].wiring",
@@ -44,8 +47,11 @@ def test_check_config_accepts_the_shipped_example(tmp_path):
     example = open(os.path.join(os.path.dirname(__file__), "../../deploy/gatehouse.example.yaml")).read()
     secret = tmp_path / "secret"
     secret.write_text("from-a-file\n")
+    keys = tmp_path / "keys"
+    assert subprocess.run([BINARY, "keys", "generate", "--file", str(keys)], capture_output=True, timeout=30).returncode == 0
     path = tmp_path / "example.yaml"
-    path.write_text(example.replace("/run/credentials/gatehouse.service/ates-client-secret", str(secret)))
-    result = run(os.environ["GATEHOUSE_BIN"], path)
+    path.write_text(example.replace("/run/credentials/gatehouse.service/ates-client-secret", str(secret))
+                    .replace("/run/credentials/gatehouse.service/session-keys", str(keys)))
+    result = run(BINARY, path)
     assert result.returncode == 0, result.stdout
     assert "OK (1 upstream(s), 2 client(s))" in result.stdout

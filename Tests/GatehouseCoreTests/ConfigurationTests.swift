@@ -27,6 +27,7 @@ struct ConfigurationTests {
                 ("client_id", scalar("com.example.app")),
                 ("upstream", scalar("legacy")),
                 ("redirect_uris", .sequence([scalar("com.example.app:/cb")], line: 0)),
+                ("token_exposure", scalar("passthrough")),
             ] + client)], line: 0)),
         ])
     }

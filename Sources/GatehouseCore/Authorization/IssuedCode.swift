@@ -1,5 +1,4 @@
 public import Foundation
-import Crypto
 
 /// What a Gatehouse authorization code stands for until the app redeems it (≤ 60 s, single use).
 ///
@@ -24,22 +23,11 @@ public struct IssuedCode: Sendable, Codable, Equatable {
 
     /// Encrypts the value under a key derived from `code`.
     public func sealed(with code: String) throws -> Data {
-        let plaintext = try JSONEncoder().encode(self)
-        guard let combined = try AES.GCM.seal(plaintext, using: Self.key(for: code)).combined else {
-            throw CryptoKitError.incorrectParameterSize
-        }
-        return combined
+        try TokenSeal.seal(JSONEncoder().encode(self), with: code, purpose: "gatehouse issued-code v1")
     }
 
     /// Decrypts a value sealed with `code`; throws when the code is not the one that sealed it.
     public static func unsealed(_ data: Data, with code: String) throws -> IssuedCode {
-        let box = try AES.GCM.SealedBox(combined: data)
-        let plaintext = try AES.GCM.open(box, using: key(for: code))
-        return try JSONDecoder().decode(IssuedCode.self, from: plaintext)
-    }
-
-    private static func key(for code: String) -> SymmetricKey {
-        HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: Data(code.utf8)),
-                               info: Data("gatehouse issued-code v1".utf8), outputByteCount: 32)
+        try JSONDecoder().decode(IssuedCode.self, from: TokenSeal.open(data, with: code, purpose: "gatehouse issued-code v1"))
     }
 }

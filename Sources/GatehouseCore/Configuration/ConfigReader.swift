@@ -93,7 +93,7 @@ final class MappingReader {
         return number
     }
 
-    /// A duration written as `90s`, `500ms`, `10m`, `1h` or a bare number of seconds.
+    /// A duration written as `90s`, `500ms`, `10m`, `1h`, `30d` or a bare number of seconds.
     func duration(_ key: String, in range: ClosedRange<Duration>) -> Duration? {
         guard let node = value(key), let text = reader.string(node, at: childPath(key)) else { return nil }
         guard let duration = Self.parseDuration(text), range.contains(duration) else {
@@ -138,7 +138,7 @@ final class MappingReader {
     }
 
     static func parseDuration(_ text: String) -> Duration? {
-        let units: [(suffix: String, scale: Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)]
+        let units: [(suffix: String, scale: Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)]
         for unit in units where text.hasSuffix(unit.suffix) {
             guard let number = Double(text.dropLast(unit.suffix.count)), number.isFinite, number >= 0 else { return nil }
             return .milliseconds(Int64((number * unit.scale * 1000).rounded()))

@@ -63,10 +63,16 @@ extension GatehouseConfiguration {
             routes.append(route)
         }
         let cache = top.mapping("identity_cache").map(decodeIdentityCache) ?? IdentityCacheSettings()
+        let sessionMap = top.mapping("sessions")
+        let sessions = sessionMap.flatMap { decodeSessions($0, secrets: secrets) }
+        if sessionMap == nil, let sealed = clients.values.first(where: { $0.tokenExposure == .sealed }) {
+            reader.report("sessions", root, "is required: the client '\(sealed.clientID)' is sealed (the default token_exposure); "
+                          + "add a sessions section with encryption_keys_file, or set token_exposure: passthrough")
+        }
         top.finish()
         guard let server, let store else { return nil }
         return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients,
-                                      routes: routes, identityCache: cache)
+                                      routes: routes, identityCache: cache, sessions: sessions)
     }
 
     private static func decodeServer(_ map: MappingReader, secrets: SecretLookup) -> ServerSettings? {
@@ -114,12 +120,13 @@ extension GatehouseConfiguration {
         let pkce = map.bool("pkce") ?? false
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
         let identity = map.mapping("identity").flatMap(decodeIdentity)
+        let revocation = map.value("revocation_endpoint") == nil ? nil : endpoint("revocation_endpoint", in: map)
         map.finish()
         guard let name, let authorize, let token, let clientID, let secret else { return nil }
         return UpstreamSettings(
             name: name, kind: kind, authorizationEndpoint: authorize, tokenEndpoint: token, clientID: clientID,
             clientSecretSource: secret.source, clientSecret: secret.value, clientAuthentication: authentication,
-            scopes: scopes, pkce: pkce, identity: identity, timeout: timeout ?? .seconds(10))
+            scopes: scopes, pkce: pkce, revocationEndpoint: revocation, identity: identity, timeout: timeout ?? .seconds(10))
     }
 
     private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
@@ -129,7 +136,7 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("upstream"), map.value("upstream"), "names no upstream in 'upstreams'")
         }
         let wiring = map.choice("wiring", default: UpstreamWiring.callback)
-        let exposure = map.choice("token_exposure", default: TokenExposure.passthrough)
+        let exposure = map.choice("token_exposure", default: TokenExposure.sealed)
         var redirects: [RedirectURI] = []
         for item in map.list("redirect_uris", required: true) ?? [] {
             guard let text = map.reader.string(item.node, at: item.path) else { continue }
@@ -184,6 +191,32 @@ extension GatehouseConfiguration {
                               "give client_secret_env or client_secret_file, not both")
             return nil
         }
+    }
+
+    private static func decodeSessions(_ map: MappingReader, secrets: SecretLookup) -> SessionSettings? {
+        var ring: KeyRing?
+        if let path = map.string("encryption_keys_file", required: true) {
+            do {
+                ring = try KeyRing(parsing: try secrets.readFile(path))
+            } catch let error as KeyRingError {
+                map.reader.report(map.childPath("encryption_keys_file"), map.value("encryption_keys_file"),
+                                  "the key file \(path) is not valid: \(error.description) (make one with 'gatehouse keys generate')")
+            } catch {
+                map.reader.report(map.childPath("encryption_keys_file"), map.value("encryption_keys_file"), "cannot read the file \(path)")
+            }
+        }
+        let access = map.duration("access_token_lifetime", in: .seconds(10)...(.seconds(3600)))
+        let refresh = map.duration("refresh_token_lifetime", in: .seconds(60)...(.seconds(365 * 86400)))
+        let grace = map.duration("refresh_grace", in: .seconds(0)...(.seconds(300)))
+        let skew = map.duration("upstream_refresh_skew", in: .seconds(0)...(.seconds(3600)))
+        map.finish()
+        guard let ring else { return nil }
+        var settings = SessionSettings(keyRing: ring)
+        settings.accessTokenLifetime = access ?? settings.accessTokenLifetime
+        settings.refreshTokenLifetime = refresh ?? settings.refreshTokenLifetime
+        settings.refreshGrace = grace ?? settings.refreshGrace
+        settings.upstreamRefreshSkew = skew ?? settings.upstreamRefreshSkew
+        return settings
     }
 
     static func endpoint(_ key: String, in map: MappingReader) -> String? {

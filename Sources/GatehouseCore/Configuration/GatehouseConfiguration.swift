@@ -7,15 +7,19 @@ public struct GatehouseConfiguration: Sendable {
     /// Relayed prefixes, longest first.
     public var routes: [RouteSettings]
     public var identityCache: IdentityCacheSettings
+    /// Present when any client is sealed (or a `sessions:` section is given).
+    public var sessions: SessionSettings?
 
     public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient],
-                routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings()) {
+                routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings(),
+                sessions: SessionSettings? = nil) {
         self.server = server
         self.store = store
         self.upstreams = upstreams
         self.clients = clients
         self.routes = routes.sorted { $0.prefix.count > $1.prefix.count }
         self.identityCache = identityCache
+        self.sessions = sessions
     }
 
     /// The route owning `path`: the longest matching prefix.
@@ -97,6 +101,8 @@ public struct UpstreamSettings: Sendable {
     public var scopes: [String]
     /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
     public var pkce: Bool
+    /// RFC 7009 revocation endpoint, where Gatehouse revokes refresh tokens when a session ends.
+    public var revocationEndpoint: String?
     /// How the upstream's access tokens are turned into a caller identity, for relayed routes.
     public var identity: IdentitySettings?
     /// Deadline for one whole exchange with the upstream (connect, send, answer).
@@ -105,7 +111,8 @@ public struct UpstreamSettings: Sendable {
     public init(name: String, kind: UpstreamKind = .oauth2, authorizationEndpoint: String, tokenEndpoint: String,
                 clientID: String, clientSecretSource: SecretSource, clientSecret: Secret,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
-                pkce: Bool = false, identity: IdentitySettings? = nil, timeout: Duration = .seconds(10)) {
+                pkce: Bool = false, revocationEndpoint: String? = nil, identity: IdentitySettings? = nil,
+                timeout: Duration = .seconds(10)) {
         self.name = name
         self.kind = kind
         self.authorizationEndpoint = authorizationEndpoint
@@ -116,6 +123,7 @@ public struct UpstreamSettings: Sendable {
         self.clientAuthentication = clientAuthentication
         self.scopes = scopes
         self.pkce = pkce
+        self.revocationEndpoint = revocationEndpoint
         self.identity = identity
         self.timeout = timeout
     }
@@ -131,8 +139,31 @@ public enum UpstreamWiring: String, Sendable, CaseIterable {
 
 /// What the app receives from the token endpoint.
 public enum TokenExposure: String, Sendable, CaseIterable {
+    /// Gatehouse's own short-lived access token and rotating refresh token; the upstream
+    /// tokens stay sealed in the session store (the default).
+    case sealed
     /// The upstream's token response as it is (today's contract of legacy mobile APIs).
     case passthrough
+}
+
+/// Sealed sessions: Gatehouse's own tokens and the keys that seal upstream tokens (`sessions:`).
+public struct SessionSettings: Sendable {
+    public var keyRing: KeyRing
+    public var accessTokenLifetime: Duration
+    public var refreshTokenLifetime: Duration
+    /// How long a just-replaced refresh token still answers with the pair that replaced it.
+    public var refreshGrace: Duration
+    /// How long before the upstream access token expires Gatehouse refreshes it.
+    public var upstreamRefreshSkew: Duration
+
+    public init(keyRing: KeyRing, accessTokenLifetime: Duration = .seconds(300), refreshTokenLifetime: Duration = .seconds(30 * 86400),
+                refreshGrace: Duration = .seconds(30), upstreamRefreshSkew: Duration = .seconds(60)) {
+        self.keyRing = keyRing
+        self.accessTokenLifetime = accessTokenLifetime
+        self.refreshTokenLifetime = refreshTokenLifetime
+        self.refreshGrace = refreshGrace
+        self.upstreamRefreshSkew = upstreamRefreshSkew
+    }
 }
 
 /// A native app registered with Gatehouse: a public client (RFC 6749 §2.1) with no secret.
@@ -146,7 +177,7 @@ public struct AppClient: Sendable {
     public var scopes: [String]
 
     public init(clientID: String, upstream: String, wiring: UpstreamWiring = .callback,
-                tokenExposure: TokenExposure = .passthrough, redirectURIs: [RedirectURI], scopes: [String]) {
+                tokenExposure: TokenExposure = .sealed, redirectURIs: [RedirectURI], scopes: [String]) {
         self.clientID = clientID
         self.upstream = upstream
         self.wiring = wiring

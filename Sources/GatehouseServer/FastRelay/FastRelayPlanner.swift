@@ -1,5 +1,7 @@
+import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseUpstreams
 import Logging
 import NIOHTTP1
 
@@ -48,14 +50,16 @@ struct BackendAddress: Hashable, Sendable {
 struct FastRelayPlanner: Sendable {
     let configuration: GatehouseConfiguration
     let relay: RelayServices
+    let sessions: SessionServices?
     let backends: [String: BackendAddress]
     /// Each route's header policy, built once.
     let policies: [String: RelayHeaderPolicy]
     let logger: Logger
 
-    init(configuration: GatehouseConfiguration, relay: RelayServices, logger: Logger) {
+    init(configuration: GatehouseConfiguration, relay: RelayServices, sessions: SessionServices?, logger: Logger) {
         self.configuration = configuration
         self.relay = relay
+        self.sessions = sessions
         self.logger = logger
         var backends: [String: BackendAddress] = [:]
         for route in configuration.routes {
@@ -66,6 +70,8 @@ struct FastRelayPlanner: Sendable {
             ($0.prefix, RelayHeaderPolicy(route: $0, allIdentityHeaders: relay.identityHeaderNames))
         }, uniquingKeysWith: { first, _ in first })
     }
+
+    private static let authorization = Array("authorization".utf8)
 
     func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
         guard request.method == .GET || request.method == .HEAD, request.version == .http1_1 else { return nil }
@@ -82,8 +88,17 @@ struct FastRelayPlanner: Sendable {
         let connectionValues = fields["connection"]
         let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
         if connectionTokens.contains("close") || connectionTokens.contains("upgrade") { return nil }
-        guard let token = Gatehouse.bearerToken(fields["authorization"]),
-              case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
+        guard var token = Gatehouse.bearerToken(fields["authorization"]) else { return nil }
+        var sealed = false
+        if token.hasPrefix(SessionServices.accessPrefix) {
+            // Only a session opened moments ago by the general path, and not due for refresh.
+            let now = Date()
+            guard let sessions, let view = sessions.views.get(SecureToken.hash(token), now: now), view.upstream == route.upstream,
+                  !sessions.needsRefresh(view, now: now) else { return nil }
+            token = view.tokens.accessToken.reveal()
+            sealed = true
+        }
+        guard case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
               route.rule.violation(by: identity) == nil else { return nil }
 
         let requestID = fields.first(name: "x-request-id").flatMap(RequestLogMiddleware.acceptable) ?? RequestIDGenerator.shared.next()
@@ -91,7 +106,11 @@ struct FastRelayPlanner: Sendable {
         headers.reserveCapacity(fields.count + 8)
         headers.add(name: "Host", value: backend.port == 80 ? backend.host : "\(backend.host):\(backend.port)")
         for (name, value) in fields where policy.forwardsRequestHeader(anyCase: name, connectionTokens: connectionTokens) {
+            if sealed, RelayHeaderPolicy.equalsIgnoringASCIICase(name, Self.authorization) { continue }
             headers.add(name: name, value: value)
+        }
+        if sealed, route.authorization == .passthrough {
+            headers.add(name: "Authorization", value: "Bearer " + token)
         }
         for header in route.identityHeaders {
             if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Gatehouse.headerSafe(value)) }

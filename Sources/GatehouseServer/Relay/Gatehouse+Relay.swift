@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseUpstreams
 import Hummingbird
 import HTTPTypes
 import Logging
@@ -29,9 +30,27 @@ extension Gatehouse {
         guard let token = Self.bearerToken(request.headers[values: .authorization]) else {
             return signInAgain(request, route: route, detail: "The request carries no Bearer access token.")
         }
+        // A Gatehouse token (sealed session) stands for the session's upstream token, which is
+        // what the identity service is asked about and what the backend may receive.
+        var upstreamToken = token
+        var sealed = false
+        if token.hasPrefix(SessionServices.accessPrefix) {
+            guard let sessions else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
+            switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
+            case .fresh(let view) where view.upstream == route.upstream:
+                upstreamToken = view.tokens.accessToken.reveal()
+                sealed = true
+            case .fresh, .ended:
+                return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+            case .unavailable:
+                var response = Response.problem(.identityUnavailable(), for: request)
+                response.headers[.retryAfter] = "5"
+                return response
+            }
+        }
         let resolution: IdentityResolution
         do {
-            resolution = try await relay.cache.resolve(token: token, upstream: route.upstream, ttl: identitySettings.cacheTTL,
+            resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                        negativeTTL: identitySettings.negativeTTL, resolver: resolver)
         } catch {
             logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
@@ -51,7 +70,8 @@ extension Gatehouse {
         }
         do {
             let outbound = try await outboundRequest(request, context: context, route: route, identity: identity,
-                                                     relay: relay, contentLength: contentLength)
+                                                     relay: relay, contentLength: contentLength,
+                                                     sealedUpstreamToken: sealed ? upstreamToken : nil)
             let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.nanoseconds))
             return try await Self.inboundResponse(response, isHead: request.method == .head)
         } catch let error as RelayBodyTooLarge {
@@ -90,7 +110,8 @@ extension Gatehouse {
     }
 
     private func outboundRequest(_ request: Request, context: GatehouseRequestContext, route: RouteSettings,
-                                 identity: CallerIdentity, relay: RelayServices, contentLength: Int?) async throws -> HTTPClientRequest
+                                 identity: CallerIdentity, relay: RelayServices, contentLength: Int?,
+                                 sealedUpstreamToken: String?) async throws -> HTTPClientRequest
     {
         let path = request.uri.path
         let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
@@ -103,7 +124,12 @@ extension Gatehouse {
         let connectionValues = request.headers[values: .connection]
         let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
         for field in request.headers where policy.forwardsRequestHeader(field.name.canonicalName, connectionTokens: connectionTokens) {
+            if sealedUpstreamToken != nil, field.name == .authorization { continue }
             outbound.headers.add(name: field.name.rawName, value: field.value)
+        }
+        if let sealedUpstreamToken, route.authorization == .passthrough {
+            // The token-handler pattern: the backend sees the upstream token it expects.
+            outbound.headers.add(name: "Authorization", value: "Bearer " + sealedUpstreamToken)
         }
         for header in route.identityHeaders {
             if let value = identity.value(of: header.source) {

@@ -11,6 +11,7 @@ extension Gatehouse {
             issuer: issuer,
             authorization_endpoint: issuer + "/oauth/authorize",
             token_endpoint: issuer + "/oauth/token",
+            revocation_endpoint: issuer + "/oauth/revoke",
             response_types_supported: ["code"],
             response_modes_supported: ["query"],
             grant_types_supported: ["authorization_code", "refresh_token"],
@@ -53,6 +54,7 @@ struct AuthorizationServerMetadata: Encodable {
     let issuer: String
     let authorization_endpoint: String
     let token_endpoint: String
+    let revocation_endpoint: String
     let response_types_supported: [String]
     let response_modes_supported: [String]
     let grant_types_supported: [String]

@@ -47,16 +47,29 @@ extension Gatehouse {
         case .authorizationCode(_, let code, let redirectURI, let codeVerifier, let state):
             switch client.wiring {
             case .callback:
-                return try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
+                let tokens = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
+                return try await exposed(tokens, to: client)
             case .relay:
                 guard let state else {
                     throw .invalidRequest("state is required: this app's upstream returns its code to the app (relay mode)")
                 }
-                return try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
-                                                    codeVerifier: codeVerifier, upstream: upstream)
+                let tokens = try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
+                                                          codeVerifier: codeVerifier, upstream: upstream)
+                return try await exposed(tokens, to: client)
             }
         case .refreshToken(_, let refreshToken, let scope):
-            return try await upstream.refresh(refreshToken, scope: scope).json
+            switch client.tokenExposure {
+            case .sealed: return try await rotateRefreshToken(refreshToken, client: client)
+            case .passthrough: return try await upstream.refresh(refreshToken, scope: scope).json
+            }
+        }
+    }
+
+    /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
+    private func exposed(_ upstreamTokens: Data, to client: AppClient) async throws(OAuthError) -> Data {
+        switch client.tokenExposure {
+        case .passthrough: upstreamTokens
+        case .sealed: try await beginSession(client: client, upstreamTokens: upstreamTokens)
         }
     }
 

@@ -9,7 +9,7 @@ import SQLiteNIO
 /// Single use rests on `DELETE … RETURNING`: SQLite applies the whole delete during the
 /// statement's first step, so of two racing consumers exactly one receives the row.
 public final class SQLiteAuthorizationStore: AuthorizationStore {
-    private let connection: SQLiteConnection
+    let connection: SQLiteConnection
 
     private init(connection: SQLiteConnection) {
         self.connection = connection
@@ -29,15 +29,21 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
         try await connection.close()
     }
 
+    /// Applies the migrations the file has not seen yet (`PRAGMA user_version` counts them).
     private func migrate() async throws {
-        for statement in Self.schema {
-            _ = try await connection.query(statement, [])
+        _ = try await connection.query("PRAGMA journal_mode = WAL", [])
+        _ = try await connection.query("PRAGMA synchronous = NORMAL", [])
+        let version = try await connection.query("PRAGMA user_version", []).first?.column("user_version")?.integer ?? 0
+        for (index, migration) in Self.migrations.enumerated() where index >= version {
+            for statement in migration { _ = try await connection.query(statement, []) }
+            _ = try await connection.query("PRAGMA user_version = \(index + 1)", [])
         }
     }
 
-    static let schema = [
-        "PRAGMA journal_mode = WAL",
-        "PRAGMA synchronous = NORMAL",
+    /// Versioned schema changes, applied in order at start. Append; never edit a released one.
+    static let migrations: [[String]] = [authorizationSchema, sessionSchema]
+
+    static let authorizationSchema = [
         """
         CREATE TABLE IF NOT EXISTS authorization_transactions (
             state_hash TEXT PRIMARY KEY NOT NULL,
@@ -90,14 +96,22 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
         let transactions = try await connection.query(
             "DELETE FROM authorization_transactions WHERE expires_at <= ? RETURNING 1", [cutoff])
         let codes = try await connection.query("DELETE FROM issued_codes WHERE expires_at <= ? RETURNING 1", [cutoff])
-        return transactions.count + codes.count
+        let access = try await connection.query("DELETE FROM access_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let refresh = try await connection.query("DELETE FROM refresh_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let sessions = try await connection.query("DELETE FROM sessions WHERE expires_at <= ? RETURNING id", [cutoff])
+        for row in sessions {
+            guard let id = row.column("id")?.string else { continue }
+            _ = try await connection.query("DELETE FROM refresh_tokens WHERE session_id = ?", [.text(id)])
+            _ = try await connection.query("DELETE FROM access_tokens WHERE session_id = ?", [.text(id)])
+        }
+        return transactions.count + codes.count + access.count + refresh.count + sessions.count
     }
 
     public func checkHealth() async throws {
         _ = try await connection.query("SELECT 1", [])
     }
 
-    private static func milliseconds(_ date: Date) -> Int {
+    static func milliseconds(_ date: Date) -> Int {
         Int((date.timeIntervalSince1970 * 1000).rounded(.down))
     }
 }

@@ -45,9 +45,24 @@ public struct OAuth2Upstream: UpstreamClient {
         return try await tokenRequest(form, purpose: "refresh")
     }
 
-    private func tokenRequest(_ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
+    public func revoke(_ token: String, hint: String) async {
+        guard let endpoint = settings.revocationEndpoint else { return }
+        let request = authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
+        do {
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(Int64(settings.timeout.nanoseconds)))
+            _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
+            if response.status != .ok {
+                logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(response.status.code)])
+            }
+        } catch {
+            logger.warning("upstream revocation failed", metadata: ["upstream": .string(settings.name)])
+        }
+    }
+
+    /// A form POST carrying Gatehouse's client credentials as the upstream wants them.
+    private func authenticatedForm(url: String, _ parameters: [(String, String)]) -> HTTPClientRequest {
         var form = parameters
-        var request = HTTPClientRequest(url: settings.tokenEndpoint)
+        var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "Accept", value: "application/json")
@@ -62,7 +77,11 @@ public struct OAuth2Upstream: UpstreamClient {
         }
         let body = form.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
         request.body = .bytes(ByteBuffer(string: body))
+        return request
+    }
 
+    private func tokenRequest(_ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
+        let request = authenticatedForm(url: settings.tokenEndpoint, parameters)
         let status: HTTPResponseStatus
         let bytes: ByteBuffer
         do {

@@ -45,6 +45,10 @@ final class ScriptedUpstream: UpstreamClient {
         calls.withLock { $0.append("refresh:\(refreshToken)") }
         return try UpstreamTokenResponse(body: script.withLock { $0 }.get())
     }
+
+    func revoke(_ token: String, hint: String) async {
+        calls.withLock { $0.append("revoke:\(hint)") }
+    }
 }
 
 struct TestGatehouse {
@@ -62,9 +66,9 @@ struct TestGatehouse {
             name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
             clientID: "gatehouse", clientSecretSource: .environment("X"), clientSecret: Secret("upstream-secret"),
             scopes: ["read"], pkce: pkce)
-        let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy",
+        let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy", tokenExposure: .passthrough,
                                        redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])
-        let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay,
+        let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay, tokenExposure: .passthrough,
                                     redirectURIs: [try RedirectURI(registering: "com.example.relay:/cb")], scopes: ["read"])
         let configuration = GatehouseConfiguration(
             server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),

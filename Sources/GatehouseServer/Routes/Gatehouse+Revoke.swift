@@ -1,0 +1,57 @@
+import Foundation
+import GatehouseCore
+import GatehouseRelay
+import GatehouseUpstreams
+import Hummingbird
+import Logging
+import NIOCore
+
+extension Gatehouse {
+    /// `POST /oauth/revoke` (RFC 7009): ends the session of a Gatehouse token, or revokes an
+    /// upstream token at the upstream (passthrough). 200 whether or not the token was known
+    /// (§2.2), so the answer says nothing about which tokens exist.
+    func revoke(_ request: Request) async -> Response {
+        let contentType = request.headers[.contentType]?.lowercased() ?? ""
+        guard contentType.hasPrefix("application/x-www-form-urlencoded") else {
+            var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
+            response.status = .unsupportedMediaType
+            return response
+        }
+        var request = request
+        let form: FormParameters
+        do {
+            let body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
+            form = try FormParameters(parsing: body.readableBytesView)
+        } catch let error as FormError {
+            return .oauthError(.invalidRequest(error.description))
+        } catch {
+            return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
+        }
+        guard let token = form["token"] else { return .oauthError(.invalidRequest("token is required")) }
+        guard let clientID = form["client_id"], let client = configuration.clients[clientID] else {
+            return .oauthError(.invalidClient("no app is registered with this client_id"))
+        }
+        if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
+            if let session = await sessionOf(token, sessions: sessions), session.clientID == client.clientID, session.isLive(at: now()) {
+                await endSession(session, sessions: sessions)
+                logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
+            }
+        } else if let upstream = upstreams[client.upstream] {
+            let hint = form["token_type_hint"] == "access_token" ? "access_token" : "refresh_token"
+            relay?.cache.invalidate(token: token, upstream: client.upstream)
+            await upstream.revoke(token, hint: hint)
+        }
+        var response = Response(status: .ok)
+        response.headers[.cacheControl] = "no-store"
+        return response
+    }
+
+    private func sessionOf(_ token: String, sessions: SessionServices) async -> SessionRecord? {
+        let hash = SecureToken.hash(token)
+        if token.hasPrefix(SessionServices.accessPrefix) {
+            return try? await sessions.store.session(forAccessTokenHash: hash, now: now())?.session
+        }
+        guard let record = try? await sessions.store.refreshToken(hash: hash) else { return nil }
+        return try? await sessions.store.session(id: record.sessionID)
+    }
+}

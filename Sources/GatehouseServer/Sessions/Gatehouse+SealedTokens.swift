@@ -1,0 +1,142 @@
+import Foundation
+import GatehouseCore
+import GatehouseRelay
+import GatehouseUpstreams
+import Logging
+
+extension Gatehouse {
+    /// The pair Gatehouse hands the app of a sealed client.
+    struct GatehousePair: Codable {
+        let access_token: String
+        let token_type: String
+        let expires_in: Int
+        let refresh_token: String
+        let scope: String?
+    }
+
+    /// Starts a sealed session from an upstream token response: the upstream tokens are sealed
+    /// in the store and the app gets Gatehouse's own pair.
+    func beginSession(client: AppClient, upstreamTokens: Data) async throws(OAuthError) -> Data {
+        guard let sessions else { throw .serverError("sealed sessions are not configured") }
+        let tokens = try UpstreamTokenResponse(body: upstreamTokens)
+        let sessionID = SecureToken.generate()
+        let now = self.now()
+        let session: SessionRecord
+        do {
+            let (keyID, sealed) = try sessions.settings.keyRing.seal(upstreamTokens, associatedData: sessionID)
+            session = SessionRecord(
+                id: sessionID, clientID: client.clientID, upstream: client.upstream, subject: nil, keyID: keyID, sealedTokens: sealed,
+                upstreamExpiresAt: tokens.expiresIn.map { now.addingTimeInterval(Double($0)) }, createdAt: now,
+                expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.seconds))
+            try await sessions.store.insertSession(session)
+        } catch {
+            throw .serverError("Gatehouse could not record the session")
+        }
+        let scope = (try? JSONSerialization.jsonObject(with: upstreamTokens) as? [String: Any])?["scope"] as? String
+        let pair = try await issuePair(sessionID: sessionID, scope: scope, sessions: sessions)
+        await recordSubject(of: session, upstreamAccessToken: tokens.accessToken.reveal(), sessions: sessions)
+        logger.info("sealed session begun", metadata: ["client_id": .string(client.clientID)])
+        return JSONCoding.encode(pair)
+    }
+
+    private func issuePair(sessionID: String, scope: String?, sessions: SessionServices) async throws(OAuthError) -> GatehousePair {
+        let pair = GatehousePair(
+            access_token: SessionServices.accessPrefix + SecureToken.generate(), token_type: "Bearer",
+            expires_in: Int(sessions.settings.accessTokenLifetime.seconds),
+            refresh_token: SessionServices.refreshPrefix + SecureToken.generate(), scope: scope)
+        let now = self.now()
+        do {
+            try await sessions.store.insertAccessToken(hash: SecureToken.hash(pair.access_token), sessionID: sessionID,
+                                                       expiresAt: now.addingTimeInterval(sessions.settings.accessTokenLifetime.seconds))
+            try await sessions.store.insertRefreshToken(hash: SecureToken.hash(pair.refresh_token), sessionID: sessionID,
+                                                        expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.seconds))
+        } catch {
+            throw .serverError("Gatehouse could not record the tokens")
+        }
+        return pair
+    }
+
+    /// Best effort: the session's subject, for `gatehouse sessions list --subject`.
+    private func recordSubject(of session: SessionRecord, upstreamAccessToken: String, sessions: SessionServices) async {
+        guard let relay, let resolver = relay.resolvers[session.upstream],
+              let identity = configuration.upstreams[session.upstream]?.identity else { return }
+        if case .active(let caller)? = try? await relay.cache.resolve(
+            token: upstreamAccessToken, upstream: session.upstream, ttl: identity.cacheTTL, negativeTTL: identity.negativeTTL, resolver: resolver),
+           let subject = caller.subject {
+            try? await sessions.store.setSubject(subject, sessionID: session.id)
+        }
+    }
+
+    /// `refresh_token` for a sealed client (RFC 9700 §4.14.2): rotate, replay within the grace
+    /// window, or revoke the family on reuse.
+    func rotateRefreshToken(_ refreshToken: String, client: AppClient) async throws(OAuthError) -> Data {
+        guard let sessions, refreshToken.hasPrefix(SessionServices.refreshPrefix) else {
+            throw .invalidGrant("the refresh token is invalid, expired or revoked")
+        }
+        let hash = SecureToken.hash(refreshToken)
+        let purpose = "gatehouse refresh-successor v1"
+        for _ in 0..<3 {
+            let now = self.now()
+            let record: RefreshTokenRecord?
+            let session: SessionRecord?
+            do {
+                record = try await sessions.store.refreshToken(hash: hash)
+                session = try await record.asyncFlatMap { try await sessions.store.session(id: $0.sessionID) }
+            } catch {
+                throw .serverError("Gatehouse cannot reach its store right now")
+            }
+            guard session?.clientID == client.clientID || session == nil else {
+                throw .invalidGrant("the refresh token was issued to another app")
+            }
+            switch RefreshRotation.decide(record, session: session, now: now, grace: sessions.settings.refreshGrace) {
+            case .refuse:
+                throw .invalidGrant("the refresh token is invalid, expired or revoked")
+            case .replay:
+                guard let sealed = record?.successorSealed, let pair = try? TokenSeal.open(sealed, with: refreshToken, purpose: purpose) else {
+                    throw .invalidGrant("the refresh token is invalid, expired or revoked")
+                }
+                return pair
+            case .revokeFamily:
+                guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
+                logger.warning("security event: a replaced refresh token was presented again; its session is revoked",
+                               metadata: ["client_id": .string(client.clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
+                await endSession(session, sessions: sessions)
+                throw .invalidGrant("the refresh token was already used; the session has been ended")
+            case .rotate:
+                guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
+                let pair = try await issuePair(sessionID: session.id, scope: nil, sessions: sessions)
+                let body = JSONCoding.encode(pair)
+                do {
+                    let successor = try TokenSeal.seal(body, with: refreshToken, purpose: purpose)
+                    if try await sessions.store.markRefreshTokenReplaced(hash: hash, successorSealed: successor, now: now) {
+                        return body
+                    }
+                    // Another request rotated it first: drop ours and answer theirs.
+                    try await sessions.store.deleteTokens(accessHash: SecureToken.hash(pair.access_token),
+                                                          refreshHash: SecureToken.hash(pair.refresh_token))
+                } catch {
+                    throw .serverError("Gatehouse cannot reach its store right now")
+                }
+            }
+        }
+        throw .serverError("the refresh token is being used concurrently; try again")
+    }
+
+    /// Ends a session everywhere: store, caches, and the upstream refresh token upstream.
+    func endSession(_ session: SessionRecord, sessions: SessionServices) async {
+        try? await sessions.store.revokeSession(id: session.id, now: now())
+        sessions.views.dropSession(session.id)
+        guard let view = try? sessions.open(session) else { return }
+        relay?.cache.invalidate(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
+        if let refreshToken = view.tokens.refreshToken, let upstream = upstreams[session.upstream] {
+            await upstream.revoke(refreshToken.reveal(), hint: "refresh_token")
+        }
+    }
+}
+
+extension Optional {
+    func asyncFlatMap<U>(_ transform: (Wrapped) async throws -> U?) async rethrows -> U? {
+        guard let self else { return nil }
+        return try await transform(self)
+    }
+}

@@ -1,0 +1,206 @@
+public import Foundation
+public import GatehouseCore
+import GatehouseUpstreams
+public import Logging
+import Synchronization
+
+/// Sealed sessions: Gatehouse's own tokens, the sealed upstream tokens behind them, and the
+/// upstream refresh that cannot race.
+public final class SessionServices: Sendable {
+    /// Prefixes of Gatehouse's own tokens: the relay tells them from upstream tokens at a glance.
+    static let accessPrefix = "gha_"
+    static let refreshPrefix = "ghr_"
+
+    public let store: any SessionStore
+    public let settings: SessionSettings
+    let instanceID: String
+    let logger: Logger
+    let views = SessionViewCache()
+    private let inflight = Mutex<[String: Task<RefreshOutcome, Never>]>([:])
+
+    public init(store: any SessionStore, settings: SessionSettings, logger: Logger) {
+        self.store = store
+        self.settings = settings
+        self.instanceID = String(SecureToken.generate().prefix(12))
+        self.logger = logger
+    }
+
+    /// What the upstream token response of a session says, opened.
+    struct SessionView: Sendable {
+        let sessionID: String
+        let upstream: String
+        let clientID: String
+        let version: Int
+        let tokens: UpstreamTokenResponse
+        let upstreamExpiresAt: Date?
+    }
+
+    enum RefreshOutcome: Sendable {
+        case fresh(SessionView)
+        /// The upstream said `invalid_grant`, or the session is gone: sign in again.
+        case ended
+        /// The upstream or the store could not be reached: try again later; the session lives.
+        case unavailable
+    }
+
+    func open(_ session: SessionRecord) throws -> SessionView {
+        let json = try settings.keyRing.open(session.sealedTokens, keyID: session.keyID, associatedData: session.id)
+        return SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID, version: session.version,
+                           tokens: try UpstreamTokenResponse(body: json), upstreamExpiresAt: session.upstreamExpiresAt)
+    }
+
+    func needsRefresh(_ view: SessionView, now: Date) -> Bool {
+        guard let expiresAt = view.upstreamExpiresAt else { return false }
+        return expiresAt.timeIntervalSince(now) <= settings.upstreamRefreshSkew.seconds
+    }
+
+    /// The upstream access token behind a Gatehouse access token, refreshed first when it is
+    /// about to expire. One refresh per session at a time: coalesced here, leased in the store.
+    func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+        let hash = SecureToken.hash(token)
+        let now = Date()
+        if let cached = views.get(hash, now: now), !needsRefresh(cached, now: now) { return .fresh(cached) }
+        let grant: (session: SessionRecord, accessExpiresAt: Date)?
+        do {
+            grant = try await store.session(forAccessTokenHash: hash, now: now)
+        } catch {
+            return .unavailable
+        }
+        guard let grant, var view = try? open(grant.session) else { return .ended }
+        if needsRefresh(view, now: now) {
+            switch await refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
+            case .fresh(let refreshed): view = refreshed
+            case let other: return other
+            }
+        }
+        views.put(hash, view, until: min(grant.accessExpiresAt, now.addingTimeInterval(10)))
+        return .fresh(view)
+    }
+
+    /// Refreshes a session's upstream tokens once, however many ask at the same time.
+    func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+        let task: Task<RefreshOutcome, Never> = inflight.withLock { tasks in
+            if let running = tasks[sessionID] { return running }
+            let task = Task<RefreshOutcome, Never> {
+                let outcome = await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
+                _ = self.inflight.withLock { $0.removeValue(forKey: sessionID) }
+                return outcome
+            }
+            tasks[sessionID] = task
+            return task
+        }
+        return await task.value
+    }
+
+    private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            let session: SessionRecord?
+            do { session = try await store.session(id: sessionID) } catch { return .unavailable }
+            guard let session, session.isLive(at: Date()), let view = try? open(session) else { return .ended }
+            if session.version > knownVersion, !needsRefresh(view, now: Date()) { return .fresh(view) }
+            let leased: Bool
+            do {
+                leased = try await store.acquireRefreshLease(sessionID: sessionID, owner: instanceID,
+                                                              until: Date().addingTimeInterval(15), now: Date())
+            } catch { return .unavailable }
+            guard leased else {
+                // Another instance is refreshing this session: wait for its result, not a second refresh.
+                try? await Task.sleep(for: .milliseconds(50 + Int.random(in: 0..<50)))
+                continue
+            }
+            return await refreshUnderLease(session, view: view, upstreams: upstreams)
+        }
+        return .unavailable
+    }
+
+    private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+        guard let upstream = upstreams[session.upstream], let refreshToken = view.tokens.refreshToken else {
+            try? await store.revokeSession(id: session.id, now: Date())
+            return .ended
+        }
+        var attempt = 0
+        while true {
+            do {
+                let fresh = try await upstream.refresh(refreshToken.reveal(), scope: nil)
+                let merged = try Self.merge(fresh.json, keepingRefreshTokenOf: view.tokens.json)
+                let (keyID, sealed) = try settings.keyRing.seal(merged, associatedData: session.id)
+                let expiresAt = fresh.expiresIn.map { Date().addingTimeInterval(Double($0)) }
+                guard try await store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
+                                                          sealed: sealed, upstreamExpiresAt: expiresAt) else {
+                    // Fenced: a newer write exists (this lease had expired). Use what is stored.
+                    guard let stored = try await store.session(id: session.id), let storedView = try? open(stored) else { return .ended }
+                    return .fresh(storedView)
+                }
+                logger.info("upstream tokens refreshed", metadata: ["upstream": .string(session.upstream)])
+                return .fresh(SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
+                                          version: session.version + 1, tokens: try UpstreamTokenResponse(body: merged),
+                                          upstreamExpiresAt: expiresAt))
+            } catch let error as OAuthError where error.code == "invalid_grant" {
+                logger.notice("upstream refused the session's refresh token; session ended", metadata: ["upstream": .string(session.upstream)])
+                try? await store.revokeSession(id: session.id, now: Date())
+                return .ended
+            } catch {
+                attempt += 1
+                guard attempt < 3 else {
+                    logger.warning("upstream refresh failed; session kept", metadata: ["upstream": .string(session.upstream)])
+                    try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
+                    return .unavailable
+                }
+                // Backoff with jitter: 100–200 ms, then 300–400 ms.
+                try? await Task.sleep(for: .milliseconds(100 * (attempt * 2 - 1) + Int.random(in: 0..<100)))
+            }
+        }
+    }
+
+    /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old one.
+    static func merge(_ fresh: Data, keepingRefreshTokenOf old: Data) throws -> Data {
+        guard var object = try JSONSerialization.jsonObject(with: fresh) as? [String: Any] else { return fresh }
+        if object["refresh_token"] == nil, let previous = (try? JSONSerialization.jsonObject(with: old) as? [String: Any])?["refresh_token"] {
+            object["refresh_token"] = previous
+        }
+        return try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+    }
+}
+
+/// Gatehouse access token (hash) → opened session, for a few seconds: the relay does not read
+/// the store on every request. Revocation drops entries here at once; other instances stop
+/// honouring a revoked token when their entry expires (at most 10 s).
+final class SessionViewCache: Sendable {
+    private struct Entry {
+        let view: SessionServices.SessionView
+        let until: Date
+    }
+
+    private let entries = Mutex<[String: Entry]>([:])
+    private let capacity = 100_000
+
+    func get(_ hash: String, now: Date) -> SessionServices.SessionView? {
+        entries.withLock { entries in
+            guard let entry = entries[hash] else { return nil }
+            guard entry.until > now else {
+                entries[hash] = nil
+                return nil
+            }
+            return entry.view
+        }
+    }
+
+    func put(_ hash: String, _ view: SessionServices.SessionView, until: Date) {
+        entries.withLock { entries in
+            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
+            entries[hash] = Entry(view: view, until: until)
+        }
+    }
+
+    func dropSession(_ sessionID: String) {
+        entries.withLock { entries in entries = entries.filter { $0.value.view.sessionID != sessionID } }
+    }
+}
+
+extension Duration {
+    var seconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}
