@@ -175,13 +175,13 @@ def gatehouse(workdir, gatehouse_port, upstream, relay_doubles, seen):
     timeout: {timeout}{identity}"""
 
     def client(client_id, upstream_name, wiring="callback", redirects=(APP_REDIRECT, "http://127.0.0.1/callback"),
-               scopes="[read, write]"):
+               scopes="[read, write]", exposure="passthrough"):
         uris = ", ".join(f'"{r}"' for r in redirects)
         return f"""
   - client_id: {client_id}
     upstream: {upstream_name}
     wiring: {wiring}
-    token_exposure: passthrough
+    token_exposure: {exposure}
     scopes: {scopes}
     redirect_uris: [{uris}]"""
 
@@ -193,8 +193,16 @@ server:
 store:
   sqlite_path: {workdir}/gatehouse.sqlite
 upstreams:{oauth2("legacy", up + "/o/token/", identity=PERSONAL_XML.format(relay_doubles["personal"].url))}{oauth2("modern", up + "/o/token/", "gatehouse-modern", "UPSTREAM_SECRET_MODERN", "client_secret_post", True)}{oauth2("down", f"http://127.0.0.1:{closed_port}/token")}{oauth2("slow", f"http://127.0.0.1:{silent.port}/token", timeout="1s")}{oauth2("garbage", f"http://127.0.0.1:{garbage.port}/token")}{oauth2("legacy-json", up + "/o/token/", identity=PERSONAL_JSON.format(relay_doubles["personal"].url))}{oauth2("legacy-introspection", up + "/o/token/", identity=INTROSPECTION.format(up))}{oauth2("oidc", up + "/o/token/", "gatehouse-oidc", "UPSTREAM_SECRET_OIDC", identity=USERINFO.format(up))}{oauth2("jwt", relay_doubles["jwt"].url + "/token", identity=JWT.format(relay_doubles["jwt"].url))}{oauth2("identity-down", up + "/o/token/", identity=PERSONAL_JSON.format(f"http://127.0.0.1:{closed_port}"))}
-clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}
+clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}{client("com.example.sealed", "legacy", exposure="sealed")}
 {routes(relay_doubles["backend"].url, closed_port)}
+"""
+    keys = workdir / "session-keys"
+    subprocess.run([str(binary), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+    config += f"""
+sessions:
+  encryption_keys_file: {keys}
+  access_token_lifetime: 5m
+  refresh_grace: 30s
 """
     config_path = workdir / "gatehouse.yaml"
     config_path.write_text(config)
@@ -206,7 +214,8 @@ clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legac
         ready = wait_for_line(process.stderr, r"gatehouse is ready", 30, "Gatehouse")
         log.write(ready)
         pump(process.stderr, log)
-        yield {"url": base, "log": log_path, "process": process}
+        yield {"url": base, "log": log_path, "process": process, "config": config_path, "binary": binary,
+               "database": workdir / "gatehouse.sqlite"}
     finally:
         process.terminate()
         process.wait(10)
@@ -299,4 +308,6 @@ def routes(backend, closed_port):
         route("/api/identity-down", backend + "/x", "identity-down"),
         route("/api/small", backend + "/small", "legacy-json", extra="""
     max_body_bytes: 1024"""),
+        route("/api/sealed", backend + "/sealed", "legacy", extra="""
+    authorization: passthrough"""),
     ])

@@ -61,7 +61,9 @@ struct TestGatehouse {
     let clock: ManualClock
     let store: SQLiteAuthorizationStore
 
-    static func make(pkce: Bool = false) async throws -> TestGatehouse {
+    static let keyRing = try! KeyRing(parsing: "k1 " + SecureToken.generate())
+
+    static func make(pkce: Bool = false, grace: Duration = .seconds(30)) async throws -> TestGatehouse {
         let settings = UpstreamSettings(
             name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
             clientID: "gatehouse", clientSecretSource: .environment("X"), clientSecret: Secret("upstream-secret"),
@@ -70,26 +72,31 @@ struct TestGatehouse {
                                        redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])
         let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay, tokenExposure: .passthrough,
                                     redirectURIs: [try RedirectURI(registering: "com.example.relay:/cb")], scopes: ["read"])
+        let sealedClient = AppClient(clientID: "com.example.sealed", upstream: "legacy", tokenExposure: .sealed,
+                                     redirectURIs: [try RedirectURI(registering: "com.example.sealed:/cb")], scopes: ["read"])
+        let sessionSettings = SessionSettings(keyRing: keyRing, refreshGrace: grace)
         let configuration = GatehouseConfiguration(
             server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
             store: StoreSettings(sqlitePath: ":memory:"),
             upstreams: ["legacy": settings],
-            clients: [callbackClient.clientID: callbackClient, relayClient.clientID: relayClient])
+            clients: [callbackClient.clientID: callbackClient, relayClient.clientID: relayClient, sealedClient.clientID: sealedClient],
+            sessions: sessionSettings)
         let upstream = ScriptedUpstream(settings: settings, answer: .success(tokenJSON))
         let clock = ManualClock()
         var logger = Logger(label: "test")
         logger.logLevel = .critical
         let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
         let gatehouse = Gatehouse(configuration: configuration, store: store, upstreams: ["legacy": upstream],
+                                  sessions: SessionServices(store: store, settings: sessionSettings, logger: logger),
                                   now: { clock.now() }, logger: logger)
         return TestGatehouse(gatehouse: gatehouse, upstream: upstream, clock: clock, store: store)
     }
 
     /// Runs `body` against the in-process router, then closes the store.
-    static func withRouter(pkce: Bool = false, _ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void)
-        async throws
+    static func withRouter(pkce: Bool = false, grace: Duration = .seconds(30),
+                           _ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void) async throws
     {
-        let test = try await make(pkce: pkce)
+        let test = try await make(pkce: pkce, grace: grace)
         do {
             try await Application(router: GatehouseApplication.router(for: test.gatehouse)).test(.router) { client in
                 try await body(test, client)

@@ -1,0 +1,89 @@
+"""Sealed sessions end to end: the app holds only Gatehouse's tokens; the real upstream's
+tokens stay sealed in the store and reach backends through the token-handler swap."""
+
+import sqlite3
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from nativeapp import App
+
+
+def sealed_sign_in(gatehouse, seen):
+    app = App(gatehouse, seen, client_id="com.example.sealed")
+    response = app.redeem(app.sign_in()["code"])
+    assert response.status_code == 200, response.text
+    return app, response.json()
+
+
+def relay(gatehouse, path, token):
+    return requests.get(gatehouse["url"] + path, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def test_the_app_gets_gatehouse_tokens_and_the_backend_the_upstream_token(gatehouse, seen, upstream):
+    _, pair = sealed_sign_in(gatehouse, seen)
+    assert pair["access_token"].startswith("gha_") and pair["refresh_token"].startswith("ghr_")
+    for _ in range(2):  # the general path, then the event loop's fast path
+        response = relay(gatehouse, "/api/sealed/x", pair["access_token"])
+        assert response.status_code == 200, response.text
+        headers = response.json()["headers"]
+        assert headers["x-bpid"] == "1000123"
+        upstream_token = headers["authorization"].removeprefix("Bearer ")
+        assert not upstream_token.startswith("gha_")
+        seen.add(upstream_token)
+    introspection = requests.post(upstream["url"] + "/o/introspect/", data={"token": upstream_token},
+                                  auth=("gatehouse-legacy", upstream["env"]["UPSTREAM_SECRET_LEGACY"]), timeout=10).json()
+    assert introspection["active"] is True and introspection["username"] == "alice"
+
+
+def test_fifty_concurrent_refreshes_rotate_once_and_share_one_pair(gatehouse, seen):
+    app, pair = sealed_sign_in(gatehouse, seen)
+    barrier = threading.Barrier(50)
+
+    def refresh(_):
+        barrier.wait()
+        return app.refresh(pair["refresh_token"])
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        answers = list(pool.map(refresh, range(50)))
+    assert [a.status_code for a in answers] == [200] * 50
+    assert len({(a.json()["access_token"], a.json()["refresh_token"]) for a in answers}) == 1
+    new = answers[0].json()
+    assert new["refresh_token"] != pair["refresh_token"]
+    assert relay(gatehouse, "/api/sealed/x", new["access_token"]).status_code == 200
+
+
+def test_revoked_session_is_refused_by_the_relay_and_the_token_endpoint(gatehouse, seen):
+    app, pair = sealed_sign_in(gatehouse, seen)
+    assert relay(gatehouse, "/api/sealed/x", pair["access_token"]).status_code == 200
+    revoked = requests.post(gatehouse["url"] + "/oauth/revoke", timeout=10,
+                            data={"token": pair["refresh_token"], "client_id": "com.example.sealed"})
+    assert revoked.status_code == 200
+    assert relay(gatehouse, "/api/sealed/x", pair["access_token"]).status_code == 401
+    assert app.refresh(pair["refresh_token"]).json()["error"] == "invalid_grant"
+
+
+def test_admin_commands_list_and_revoke_a_subjects_sessions(gatehouse, seen, upstream):
+    app, pair = sealed_sign_in(gatehouse, seen)
+    command = [str(gatehouse["binary"]), "sessions"]
+    listed = subprocess.run(command + ["list", "--config", str(gatehouse["config"]), "--subject", "alice"],
+                            capture_output=True, text=True, timeout=30, env=upstream["env"])
+    assert listed.returncode == 0, listed.stderr
+    assert "com.example.sealed" in listed.stdout and "live" in listed.stdout
+    revoked = subprocess.run(command + ["revoke", "--config", str(gatehouse["config"]), "--subject", "alice"],
+                             capture_output=True, text=True, timeout=30, env=upstream["env"])
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    assert app.refresh(pair["refresh_token"]).json()["error"] == "invalid_grant"
+
+
+def test_the_database_holds_no_token_or_secret_in_plain_text(gatehouse, seen):
+    sealed_sign_in(gatehouse, seen)
+    connection = sqlite3.connect(gatehouse["database"])
+    dump = "\n".join(connection.iterdump())
+    connection.close()
+    assert "sessions" in dump and "refresh_tokens" in dump
+    assert len(seen.values) > 10
+    leaked = [value[:6] + "…" for value in seen.values if value in dump]
+    assert leaked == []
