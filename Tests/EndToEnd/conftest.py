@@ -167,6 +167,7 @@ def gatehouse(workdir, gatehouse_port, upstream, relay_doubles, seen):
     kind: oauth2
     authorization_endpoint: {up}/o/authorize/
     token_endpoint: {token_endpoint}
+    revocation_endpoint: {up}/o/revoke_token/
     client_id: {client_id}
     client_secret_env: {secret_env}
     client_auth: {auth}

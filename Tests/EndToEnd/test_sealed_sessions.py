@@ -55,14 +55,21 @@ def test_fifty_concurrent_refreshes_rotate_once_and_share_one_pair(gatehouse, se
     assert relay(gatehouse, "/api/sealed/x", new["access_token"]).status_code == 200
 
 
-def test_revoked_session_is_refused_by_the_relay_and_the_token_endpoint(gatehouse, seen):
+def test_revoked_session_is_refused_and_its_upstream_tokens_are_revoked_upstream(gatehouse, seen, upstream):
     app, pair = sealed_sign_in(gatehouse, seen)
-    assert relay(gatehouse, "/api/sealed/x", pair["access_token"]).status_code == 200
+    first = relay(gatehouse, "/api/sealed/x", pair["access_token"])
+    assert first.status_code == 200
+    upstream_token = first.json()["headers"]["authorization"].removeprefix("Bearer ")
+    seen.add(upstream_token)
     revoked = requests.post(gatehouse["url"] + "/oauth/revoke", timeout=10,
                             data={"token": pair["refresh_token"], "client_id": "com.example.sealed"})
     assert revoked.status_code == 200
     assert relay(gatehouse, "/api/sealed/x", pair["access_token"]).status_code == 401
     assert app.refresh(pair["refresh_token"]).json()["error"] == "invalid_grant"
+    # Gatehouse revoked the upstream refresh token at the upstream (RFC 7009), which takes its access token along.
+    introspection = requests.post(upstream["url"] + "/o/introspect/", data={"token": upstream_token},
+                                  auth=("gatehouse-legacy", upstream["env"]["UPSTREAM_SECRET_LEGACY"]), timeout=10).json()
+    assert introspection["active"] is False
 
 
 def test_admin_commands_list_and_revoke_a_subjects_sessions(gatehouse, seen, upstream):

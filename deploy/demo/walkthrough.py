@@ -65,19 +65,30 @@ upstreams:
     kind: oauth2
     authorization_endpoint: {upstream_url}/o/authorize/
     token_endpoint: {upstream_url}/o/token/
+    revocation_endpoint: {upstream_url}/o/revoke_token/
     client_id: gatehouse-demo
     client_secret_env: DEMO_UPSTREAM_SECRET
     client_auth: client_secret_basic
     scopes: [read, write]
+sessions:
+  encryption_keys_file: session-keys
+  refresh_grace: 30s
 clients:
   - client_id: com.example.app
     upstream: legacy
     wiring: callback
     token_exposure: passthrough
     redirect_uris: ["{APP_REDIRECT}", "http://127.0.0.1/callback"]
+  - client_id: com.example.sealed
+    upstream: legacy
+    wiring: callback
+    token_exposure: sealed
+    redirect_uris: ["{APP_REDIRECT}"]
 """
     (data / "gatehouse.yaml").write_text(config)
     binary = os.environ.get("GATEHOUSE_BIN", str(ROOT / ".build/debug/gatehouse"))
+    if not (data / "session-keys").exists():
+        subprocess.run([binary, "keys", "generate", "--file", str(data / "session-keys")], check=True, capture_output=True)
     log = open(data / "gatehouse.log", "w")
     process = subprocess.Popen([binary, "serve", "--config", str(data / "gatehouse.yaml")],
                                stdout=log, stderr=subprocess.PIPE, text=True, env=env)
@@ -128,7 +139,30 @@ def walkthrough(gatehouse):
     code = stolen.sign_in()["code"]
     attempt = stolen.redeem(code, verifier=pkce_pair()[0])
     detail(f"redeeming with the wrong code_verifier: HTTP {attempt.status_code} {attempt.json()['error']}")
-    return replay.status_code == 400 and attempt.status_code == 400
+    return replay.status_code == 400 and attempt.status_code == 400 and sealed_walkthrough(gatehouse)
+
+
+def sealed_walkthrough(gatehouse):
+    """The default, token_exposure: sealed: the phone never holds an upstream token."""
+    print(f"\n{BOLD}Sealed sessions (the default): the upstream's tokens never reach the phone{RESET}")
+    app = App(gatehouse, client_id="com.example.sealed")
+    step("5a", "The same sign-in for a sealed app: the code is redeemed for Gatehouse's own tokens.")
+    body = app.redeem(app.sign_in()["code"]).json()
+    detail(f"access_token={short(body['access_token'])} (expires_in {body['expires_in']} s) refresh_token={short(body['refresh_token'])}")
+    detail("the upstream's tokens are sealed (AES-256-GCM) in the session store; the store keeps only hashes of these")
+
+    step("5a", "A refresh rotates Gatehouse's tokens. A retry over a flaky network gets the same new pair.")
+    first = app.refresh(body["refresh_token"]).json()
+    retry = app.refresh(body["refresh_token"]).json()
+    same = first["refresh_token"] == retry["refresh_token"]
+    detail(f"new refresh_token={short(first['refresh_token'])}; retried with the old one: "
+           f"{'the same pair' if same else 'A DIFFERENT PAIR'} (within the 30 s grace window)")
+
+    step("RFC 7009", "The app signs out: /oauth/revoke ends the session (and revokes the upstream refresh token).")
+    revoked = requests.post(f"{gatehouse['url']}/oauth/revoke", data={"token": first["refresh_token"], "client_id": app.client_id}, timeout=10)
+    after = app.refresh(first["refresh_token"])
+    detail(f"revoke: HTTP {revoked.status_code}; refreshing afterwards: HTTP {after.status_code} {after.json()['error']}")
+    return same and after.status_code == 400
 
 
 def serve_loopback_app(gatehouse):
