@@ -64,7 +64,19 @@ public enum GatehouseApplication {
 
     /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then closes cleanly.
     public static func run(configuration: GatehouseConfiguration, logger: Logger) async throws {
-        let store = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
+        let store: any AuthorizationStore & SessionStore
+        var storeServices: [any Service] = []
+        var postgres: PostgresStore?
+        var sqlite: SQLiteAuthorizationStore?
+        if let settings = configuration.store.postgres {
+            let client = PostgresStore.makeClient(settings, logger: logger)
+            postgres = PostgresStore(client: client, logger: logger)
+            store = postgres!
+            storeServices.append(client)
+        } else {
+            sqlite = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
+            store = sqlite!
+        }
         let httpClient = makeHTTPClient(for: configuration)
         let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, logger: logger)
         let sessions = configuration.sessions.map { SessionServices(store: store, settings: $0, logger: logger) }
@@ -77,7 +89,7 @@ public enum GatehouseApplication {
              pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
                                          connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.nanoseconds)))
         }
-        let app = Application(
+        var app = Application(
             router: router(for: gatehouse),
             server: .http1(configuration: .init(additionalChannelHandlers: fastPath.map {
                 let (planner, pool) = $0
@@ -85,7 +97,7 @@ public enum GatehouseApplication {
             } ?? [])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
-            services: [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]
+            services: storeServices + [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]
                 + (sessions.map { [Reencryption(sessions: $0, interval: configuration.store.sweepInterval, logger: logger)] } ?? []),
             onServerRunning: { channel in
                 logger.notice("gatehouse is ready", metadata: [
@@ -93,17 +105,21 @@ public enum GatehouseApplication {
                 ])
             },
             logger: logger)
+        if let postgres {
+            // The pooled client runs as a service; migrations wait for it, then the server starts.
+            app.beforeServerStarts { try await postgres.migrate() }
+        }
         do {
             try await app.runService()
         } catch {
             try? await relay?.backendClient.shutdown()
             try? await httpClient.shutdown()
-            try? await store.close()
+            try? await sqlite?.close()
             throw error
         }
         try await relay?.backendClient.shutdown()
         try await httpClient.shutdown()
-        try await store.close()
+        try await sqlite?.close()
     }
 
     /// The relay's cache, resolvers, backend client and signer; `nil` without routes.

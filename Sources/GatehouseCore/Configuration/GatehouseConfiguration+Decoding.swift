@@ -28,7 +28,7 @@ extension GatehouseConfiguration {
     private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup) -> GatehouseConfiguration? {
         guard let top = reader.mapping(root, at: "") else { return nil }
         let server = top.mapping("server", required: true).flatMap { decodeServer($0, secrets: secrets) }
-        let store = top.mapping("store", required: true).flatMap { decodeStore($0) }
+        let store = top.mapping("store", required: true).flatMap { decodeStore($0, secrets: secrets) }
 
         var upstreams: [String: UpstreamSettings] = [:]
         // Names are kept even for upstreams with problems, so clients naming them get no second error.
@@ -100,12 +100,41 @@ extension GatehouseConfiguration {
         return base == nil ? nil : settings
     }
 
-    private static func decodeStore(_ map: MappingReader) -> StoreSettings? {
-        let path = map.string("sqlite_path", required: true)
+    private static func decodeStore(_ map: MappingReader, secrets: SecretLookup) -> StoreSettings? {
+        let path = map.string("sqlite_path")
+        let postgres = map.mapping("postgres").flatMap { decodePostgres($0, secrets: secrets) }
         let interval = map.duration("sweep_interval", in: .seconds(1)...(.seconds(3600)))
+        if (path == nil) == (map.value("postgres") == nil) {
+            map.reader.report(map.childPath("sqlite_path"), map.node, "give either sqlite_path (one instance) or postgres (several instances)")
+        }
         map.finish()
-        guard let path else { return nil }
-        return StoreSettings(sqlitePath: path, sweepInterval: interval ?? .seconds(60))
+        guard path != nil || postgres != nil else { return nil }
+        return StoreSettings(sqlitePath: path ?? "", postgres: postgres, sweepInterval: interval ?? .seconds(60))
+    }
+
+    private static func decodePostgres(_ map: MappingReader, secrets: SecretLookup) -> PostgresSettings? {
+        let host = map.string("host", required: true)
+        let port = map.integer("port", in: 1...65535) ?? 5432
+        let database = map.string("database", required: true)
+        let username = map.string("username", required: true)
+        var password: Secret?
+        if map.value("password") != nil {
+            map.reader.report(map.childPath("password"), map.value("password"),
+                              "secrets are never written in the configuration: use password_env or password_file")
+        }
+        if let name = map.string("password_env") {
+            if let value = secrets.environment(name), !value.isEmpty { password = Secret(value) } else {
+                map.reader.report(map.childPath("password_env"), map.value("password_env"), "the environment variable \(name) is not set or empty")
+            }
+        } else if let path = map.string("password_file") {
+            if let value = try? secrets.readFile(path) { password = Secret(value.trimmingTrailingNewlines()) } else {
+                map.reader.report(map.childPath("password_file"), map.value("password_file"), "cannot read the file \(path)")
+            }
+        }
+        let pool = map.integer("pool_size", in: 1...500) ?? 16
+        map.finish()
+        guard let host, let database, let username else { return nil }
+        return PostgresSettings(host: host, port: port, database: database, username: username, password: password, poolSize: pool)
     }
 
     private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup) -> UpstreamSettings? {

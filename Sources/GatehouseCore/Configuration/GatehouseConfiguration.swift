@@ -60,16 +60,38 @@ public struct ServerSettings: Sendable {
     public var callbackURL: String { publicBaseURL + "/oauth/callback" }
 }
 
-/// Where durable state lives.
+/// Where durable state lives: one SQLite file (one instance), or PostgreSQL (several).
 public struct StoreSettings: Sendable {
-    /// Path of the SQLite file (created when missing).
+    /// Path of the SQLite file (created when missing), when `postgres` is `nil`.
     public var sqlitePath: String
-    /// How often expired transactions and codes are deleted.
+    /// The shared PostgreSQL database, for several Gatehouse instances.
+    public var postgres: PostgresSettings?
+    /// How often expired transactions, codes, tokens and sessions are deleted.
     public var sweepInterval: Duration
 
-    public init(sqlitePath: String, sweepInterval: Duration = .seconds(60)) {
+    public init(sqlitePath: String, postgres: PostgresSettings? = nil, sweepInterval: Duration = .seconds(60)) {
         self.sqlitePath = sqlitePath
+        self.postgres = postgres
         self.sweepInterval = sweepInterval
+    }
+}
+
+/// A PostgreSQL server Gatehouse instances share (`store.postgres`).
+public struct PostgresSettings: Sendable {
+    public var host: String
+    public var port: Int
+    public var database: String
+    public var username: String
+    public var password: Secret?
+    public var poolSize: Int
+
+    public init(host: String, port: Int = 5432, database: String, username: String, password: Secret?, poolSize: Int = 16) {
+        self.host = host
+        self.port = port
+        self.database = database
+        self.username = username
+        self.password = password
+        self.poolSize = poolSize
     }
 }
 

@@ -109,7 +109,16 @@ public final class SessionServices: Sendable {
                 try? await Task.sleep(for: .milliseconds(50 + Int.random(in: 0..<50)))
                 continue
             }
-            return await refreshUnderLease(session, view: view, upstreams: upstreams)
+            // Read again under the lease: the refresher before us may have finished between our
+            // read and our lease, and its refresh token is the only one the upstream still takes.
+            let current: SessionRecord?
+            do { current = try await store.session(id: sessionID) } catch { return .unavailable }
+            guard let current, current.isLive(at: Date()), let currentView = try? open(current) else { return .ended }
+            if current.version > knownVersion, !needsRefresh(currentView, now: Date()) {
+                try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
+                return .fresh(currentView)
+            }
+            return await refreshUnderLease(current, view: currentView, upstreams: upstreams)
         }
         return .unavailable
     }

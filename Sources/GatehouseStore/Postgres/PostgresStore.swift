@@ -1,0 +1,263 @@
+public import Foundation
+public import GatehouseCore
+public import Logging
+import NIOCore
+public import PostgresNIO
+
+/// The shared store for several Gatehouse instances behind a load balancer: PostgreSQL
+/// through PostgresNIO's pooled client (run it as a service of the process).
+///
+/// Single use, rotation, leases and fencing are each one statement (`DELETE … RETURNING`,
+/// `UPDATE … WHERE … RETURNING`), atomic across every instance sharing the database.
+public final class PostgresStore: AuthorizationStore, SessionStore {
+    public let client: PostgresClient
+    let logger: Logger
+
+    public init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    /// Client settings from Gatehouse's configuration.
+    public static func makeClient(_ settings: PostgresSettings, logger: Logger) -> PostgresClient {
+        var configuration = PostgresClient.Configuration(
+            host: settings.host, port: settings.port, username: settings.username, password: settings.password?.reveal(),
+            database: settings.database, tls: .disable)
+        configuration.options.maximumConnections = settings.poolSize
+        configuration.options.connectionIdleTimeout = .seconds(60)
+        return PostgresClient(configuration: configuration, backgroundLogger: logger)
+    }
+
+    // MARK: Migrations
+
+    /// Applies the migrations this database has not seen, under an advisory lock so instances
+    /// starting together apply each exactly once.
+    public func migrate() async throws {
+        try await client.withTransaction(logger: logger) { connection in
+            try await connection.query("SELECT pg_advisory_xact_lock(72657301)", logger: logger)
+            try await connection.query("CREATE TABLE IF NOT EXISTS gatehouse_migrations (version INTEGER PRIMARY KEY)", logger: logger)
+            var applied = 0
+            for try await version in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM gatehouse_migrations", logger: logger)
+                .decode(Int.self) { applied = version }
+            for (index, migration) in Self.migrations.enumerated() where index >= applied {
+                for statement in migration { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger) }
+                try await connection.query("INSERT INTO gatehouse_migrations (version) VALUES (\(index + 1))", logger: logger)
+            }
+        }
+    }
+
+    /// Versioned schema changes, in order. Append; never edit a released one.
+    static let migrations: [[String]] = [
+        [
+            "CREATE TABLE authorization_transactions (state_hash TEXT PRIMARY KEY, payload BYTEA NOT NULL, expires_at BIGINT NOT NULL)",
+            "CREATE INDEX authorization_transactions_expiry ON authorization_transactions (expires_at)",
+            "CREATE TABLE issued_codes (code_hash TEXT PRIMARY KEY, sealed BYTEA NOT NULL, expires_at BIGINT NOT NULL)",
+            "CREATE INDEX issued_codes_expiry ON issued_codes (expires_at)",
+        ],
+        [
+            """
+            CREATE TABLE sessions (
+                id TEXT PRIMARY KEY, client_id TEXT NOT NULL, upstream TEXT NOT NULL, subject TEXT, key_id TEXT NOT NULL,
+                sealed_tokens BYTEA NOT NULL, upstream_expires_at BIGINT, version INTEGER NOT NULL, created_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL, revoked_at BIGINT, lease_owner TEXT, lease_until BIGINT)
+            """,
+            "CREATE INDEX sessions_subject ON sessions (subject)",
+            "CREATE TABLE access_tokens (hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, expires_at BIGINT NOT NULL)",
+            "CREATE INDEX access_tokens_session ON access_tokens (session_id)",
+            """
+            CREATE TABLE refresh_tokens (hash TEXT PRIMARY KEY, session_id TEXT NOT NULL, expires_at BIGINT NOT NULL,
+                replaced_at BIGINT, successor_sealed BYTEA)
+            """,
+            "CREATE INDEX refresh_tokens_session ON refresh_tokens (session_id)",
+        ],
+    ]
+
+    // MARK: Authorization state
+
+    public func insertTransaction(_ transaction: AuthorizationTransaction, stateHash: String) async throws {
+        let payload = try JSONEncoder().encode(transaction)
+        try await client.query(
+            "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (\(stateHash), \(payload), \(ms(transaction.expiresAt)))",
+            logger: logger)
+    }
+
+    public func consumeTransaction(stateHash: String, now: Date) async throws -> AuthorizationTransaction? {
+        let rows = try await client.query(
+            "DELETE FROM authorization_transactions WHERE state_hash = \(stateHash) AND expires_at > \(ms(now)) RETURNING payload", logger: logger)
+        for try await payload in rows.decode(Data.self) {
+            return try JSONDecoder().decode(AuthorizationTransaction.self, from: payload)
+        }
+        return nil
+    }
+
+    public func insertCode(sealed: Data, codeHash: String, expiresAt: Date) async throws {
+        try await client.query("INSERT INTO issued_codes (code_hash, sealed, expires_at) VALUES (\(codeHash), \(sealed), \(ms(expiresAt)))",
+                               logger: logger)
+    }
+
+    public func consumeCode(codeHash: String, now: Date) async throws -> Data? {
+        let rows = try await client.query(
+            "DELETE FROM issued_codes WHERE code_hash = \(codeHash) AND expires_at > \(ms(now)) RETURNING sealed", logger: logger)
+        for try await sealed in rows.decode(Data.self) { return sealed }
+        return nil
+    }
+
+    @discardableResult
+    public func sweepExpired(now: Date) async throws -> Int {
+        let cutoff = ms(now)
+        var removed = 0
+        for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens"] {
+            removed += try await count(client.query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
+        }
+        let ended = try await client.query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
+        for try await id in ended.decode(String.self) {
+            removed += 1
+            try await client.query("DELETE FROM refresh_tokens WHERE session_id = \(id)", logger: logger)
+            try await client.query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+        }
+        return removed
+    }
+
+    public func checkHealth() async throws {
+        try await client.query("SELECT 1", logger: logger)
+    }
+
+    // MARK: Sessions
+
+    public func insertSession(_ session: SessionRecord) async throws {
+        try await client.query(
+            """
+            INSERT INTO sessions (id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at)
+            VALUES (\(session.id), \(session.clientID), \(session.upstream), \(session.subject), \(session.keyID), \(session.sealedTokens),
+                    \(session.upstreamExpiresAt.map(ms)), \(session.version), \(ms(session.createdAt)), \(ms(session.expiresAt)), \(session.revokedAt.map(ms)))
+            """, logger: logger)
+    }
+
+    private static let columns =
+        "s.id, s.client_id, s.upstream, s.subject, s.key_id, s.sealed_tokens, s.upstream_expires_at, s.version, s.created_at, s.expires_at, s.revoked_at"
+
+    public func session(id: String) async throws -> SessionRecord? {
+        try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.id = $1", binds: binds(id))).first
+    }
+
+    public func session(forAccessTokenHash hash: String, now: Date) async throws -> (session: SessionRecord, accessExpiresAt: Date)? {
+        let rows = try await client.query(PostgresQuery(unsafeSQL: """
+            SELECT \(Self.columns), a.expires_at FROM access_tokens a JOIN sessions s ON s.id = a.session_id
+            WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
+            """, binds: binds(hash, ms(now))), logger: logger)
+        for try await row in rows {
+            let columns = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, Int).self)
+            return (Self.session(columns.0, columns.1, columns.2, columns.3, columns.4, columns.5, columns.6, columns.7, columns.8, columns.9, columns.10),
+                    Self.date(columns.11))
+        }
+        return nil
+    }
+
+    public func insertAccessToken(hash: String, sessionID: String, expiresAt: Date) async throws {
+        try await client.query("INSERT INTO access_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
+    }
+
+    public func insertRefreshToken(hash: String, sessionID: String, expiresAt: Date) async throws {
+        try await client.query("INSERT INTO refresh_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
+    }
+
+    public func refreshToken(hash: String) async throws -> RefreshTokenRecord? {
+        let rows = try await client.query(
+            "SELECT hash, session_id, expires_at, replaced_at, successor_sealed FROM refresh_tokens WHERE hash = \(hash)", logger: logger)
+        for try await (hash, session, expires, replaced, successor) in rows.decode((String, String, Int, Int?, Data?).self) {
+            return RefreshTokenRecord(hash: hash, sessionID: session, expiresAt: Self.date(expires), replacedAt: replaced.map(Self.date),
+                                      successorSealed: successor)
+        }
+        return nil
+    }
+
+    public func markRefreshTokenReplaced(hash: String, successorSealed: Data, now: Date) async throws -> Bool {
+        try await count(client.query(
+            """
+            UPDATE refresh_tokens SET replaced_at = \(ms(now)), successor_sealed = \(successorSealed)
+            WHERE hash = \(hash) AND replaced_at IS NULL AND expires_at > \(ms(now)) RETURNING 1
+            """, logger: logger)) > 0
+    }
+
+    public func deleteTokens(accessHash: String, refreshHash: String) async throws {
+        try await client.query("DELETE FROM access_tokens WHERE hash = \(accessHash)", logger: logger)
+        try await client.query("DELETE FROM refresh_tokens WHERE hash = \(refreshHash)", logger: logger)
+    }
+
+    public func revokeSession(id: String, now: Date) async throws {
+        try await client.query("UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND revoked_at IS NULL", logger: logger)
+        try await client.query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+    }
+
+    public func acquireRefreshLease(sessionID: String, owner: String, until: Date, now: Date) async throws -> Bool {
+        try await count(client.query(
+            """
+            UPDATE sessions SET lease_owner = \(owner), lease_until = \(ms(until))
+            WHERE id = \(sessionID) AND revoked_at IS NULL AND (lease_until IS NULL OR lease_until <= \(ms(now)) OR lease_owner = \(owner))
+            RETURNING 1
+            """, logger: logger)) > 0
+    }
+
+    public func releaseRefreshLease(sessionID: String, owner: String) async throws {
+        try await client.query("UPDATE sessions SET lease_owner = NULL, lease_until = NULL WHERE id = \(sessionID) AND lease_owner = \(owner)",
+                               logger: logger)
+    }
+
+    public func writeUpstreamTokens(sessionID: String, expectedVersion: Int, keyID: String, sealed: Data, upstreamExpiresAt: Date?) async throws -> Bool {
+        try await count(client.query(
+            """
+            UPDATE sessions SET key_id = \(keyID), sealed_tokens = \(sealed), upstream_expires_at = \(upstreamExpiresAt.map(ms)),
+                version = version + 1, lease_owner = NULL, lease_until = NULL
+            WHERE id = \(sessionID) AND version = \(expectedVersion) AND revoked_at IS NULL RETURNING 1
+            """, logger: logger)) > 0
+    }
+
+    public func setSubject(_ subject: String, sessionID: String) async throws {
+        try await client.query("UPDATE sessions SET subject = \(subject) WHERE id = \(sessionID)", logger: logger)
+    }
+
+    public func sessions(subject: String?) async throws -> [SessionRecord] {
+        if let subject {
+            return try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.subject = $1 ORDER BY s.created_at", binds: binds(subject)))
+        }
+        return try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s ORDER BY s.created_at"))
+    }
+
+    public func sessionsSealed(notUnder activeKeyID: String, limit: Int) async throws -> [SessionRecord] {
+        try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.key_id <> $1 AND s.revoked_at IS NULL LIMIT $2",
+                                         binds: binds(activeKeyID, limit)))
+    }
+
+    // MARK: Helpers
+
+    private func sessions(_ query: PostgresQuery) async throws -> [SessionRecord] {
+        var result: [SessionRecord] = []
+        let rows = try await client.query(query, logger: logger)
+        for try await c in rows.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?).self) {
+            result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10))
+        }
+        return result
+    }
+
+    private static func session(_ id: String, _ client: String, _ upstream: String, _ subject: String?, _ keyID: String, _ sealed: Data,
+                                _ upstreamExpires: Int?, _ version: Int, _ created: Int, _ expires: Int, _ revoked: Int?) -> SessionRecord {
+        SessionRecord(id: id, clientID: client, upstream: upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
+                      upstreamExpiresAt: upstreamExpires.map(date), version: version, createdAt: date(created), expiresAt: date(expires),
+                      revokedAt: revoked.map(date))
+    }
+
+    private func count(_ rows: PostgresRowSequence) async throws -> Int {
+        var count = 0
+        for try await _ in rows { count += 1 }
+        return count
+    }
+
+    private func binds(_ values: any PostgresEncodable...) -> PostgresBindings {
+        var bindings = PostgresBindings()
+        for value in values { try? bindings.append(value) }
+        return bindings
+    }
+
+    private func ms(_ date: Date) -> Int { Int((date.timeIntervalSince1970 * 1000).rounded(.down)) }
+    private static func date(_ milliseconds: Int) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
+}

@@ -1,0 +1,178 @@
+"""Several Gatehouse instances on one PostgreSQL: one session whose upstream access token has
+expired, a storm of relayed requests split across two instances, and exactly one refresh
+reaching the real upstream (counted by a pass-through proxy in front of its token endpoint)."""
+
+import os
+import secrets
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+import requests
+
+from nativeapp import App, free_port, pump, wait_for_line
+
+pytestmark = pytest.mark.skipif("GATEHOUSE_TEST_POSTGRES" not in os.environ,
+                                reason="needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+
+
+class CountingTokenProxy:
+    """Forwards token requests to the real authorization server, counting refresh grants."""
+
+    def __init__(self, target):
+        self.target = target
+        self.refreshes = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if parse_qs(body.decode()).get("grant_type") == ["refresh_token"]:
+                    with proxy.lock:
+                        proxy.refreshes += 1
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type", "accept")}
+                answer = requests.post(proxy.target, data=body, headers=headers, timeout=10)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def psql(sql):
+    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    return subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", sql],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def cluster(workdir, upstream, relay_doubles, gatehouse, seen):
+    """Two Gatehouse instances sharing one PostgreSQL database and one key file."""
+    database = "e2e_" + secrets.token_hex(4)
+    psql(f"CREATE DATABASE {database}")
+    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    proxy = CountingTokenProxy(upstream["url"] + "/o/token/")
+    ports = [free_port(), free_port()]
+    keys = workdir / "session-keys"  # written by the gatehouse fixture
+    processes = []
+    for index, gh_port in enumerate(ports):
+        config = f"""
+server:
+  public_base_url: http://127.0.0.1:{gh_port}
+  host: 127.0.0.1
+  port: {gh_port}
+store:
+  postgres:
+    host: {host}
+    port: {port}
+    database: {database}
+    username: gatehouse
+    pool_size: 8
+upstreams:
+  - name: legacy
+    authorization_endpoint: {upstream["url"]}/o/authorize/
+    token_endpoint: {proxy.url}
+    client_id: gatehouse-legacy
+    client_secret_env: UPSTREAM_SECRET_LEGACY
+    scopes: [read, write]
+    identity:
+      kind: introspection
+      url: {upstream["url"]}/o/introspect/
+sessions:
+  encryption_keys_file: {keys}
+clients:
+  - client_id: com.example.app
+    upstream: legacy
+    redirect_uris: ["com.example.app:/oauth2redirect"]
+routes:
+  - prefix: /api/storm
+    backend: {relay_doubles["backend"].url}/storm
+    upstream: legacy
+    identity_headers:
+      X-Subject: subject
+    authorization: passthrough
+"""
+        path = workdir / f"cluster-{index}.yaml"
+        path.write_text(config)
+        log = open(workdir / f"cluster-{index}.log", "w")
+        process = subprocess.Popen([str(gatehouse["binary"]), "serve", "--config", str(path), "--log-level", "info"],
+                                   stdout=log, stderr=subprocess.PIPE, text=True, env=upstream["env"])
+        log.write(wait_for_line(process.stderr, "gatehouse is ready", 30, f"Gatehouse instance {index}"))
+        pump(process.stderr, log)
+        processes.append(process)
+    yield {"urls": [f"http://127.0.0.1:{p}" for p in ports], "proxy": proxy, "database": database, "processes": processes}
+    for process in processes:
+        process.terminate()
+        process.wait(10)
+
+
+def query_database(cluster, sql):
+    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    return subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", cluster["database"], "-tAc", sql],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+def test_refresh_storm_across_two_instances_makes_one_upstream_refresh(cluster, seen):
+    # Sign in through instance A; a sealed session lands in PostgreSQL.
+    app = App({"url": cluster["urls"][0]}, seen)
+    tokens = app.redeem(app.sign_in()["code"])
+    assert tokens.status_code == 200, tokens.text
+    access = tokens.json()["access_token"]
+    assert access.startswith("gha_")
+    # The session's upstream access token has expired (as if an hour had passed).
+    query_database(cluster, "UPDATE sessions SET upstream_expires_at = 0")
+    before = cluster["proxy"].refreshes
+    barrier = threading.Barrier(250)
+
+    def storm(index):
+        barrier.wait()
+        statuses = []
+        for request in range(4):
+            url = cluster["urls"][(index + request) % 2] + "/api/storm/x"
+            statuses.append(requests.get(url, headers={"Authorization": f"Bearer {access}"}, timeout=60).status_code)
+        return statuses
+
+    with ThreadPoolExecutor(max_workers=250) as pool:
+        statuses = [status for batch in pool.map(storm, range(250)) for status in batch]
+    assert len(statuses) == 1000
+    assert statuses.count(200) == 1000, {s: statuses.count(s) for s in set(statuses)}
+    assert cluster["proxy"].refreshes - before == 1
+    version, expires = query_database(cluster, "SELECT version, upstream_expires_at FROM sessions").split("|")
+    assert int(version) == 2 and int(expires) > 0  # the stored tokens are the refreshed ones
+
+
+def test_an_instance_killed_mid_storm_loses_no_session(cluster, seen):
+    app = App({"url": cluster["urls"][0]}, seen)
+    access = app.redeem(app.sign_in()["code"]).json()["access_token"]
+    survivor = cluster["urls"][0]
+    victim = cluster["processes"][1]
+
+    def call(index):
+        url = cluster["urls"][index % 2] + "/api/storm/x"
+        try:
+            return requests.get(url, headers={"Authorization": f"Bearer {access}"}, timeout=30).status_code
+        except requests.RequestException:
+            return "connection lost"  # the killed instance's own connections
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        futures = [pool.submit(call, index) for index in range(200)]
+        victim.kill()  # kill -9 while requests are in flight
+        results = [future.result() for future in futures]
+    assert set(results) <= {200, "connection lost"}
+    after = requests.get(survivor + "/api/storm/x", headers={"Authorization": f"Bearer {access}"}, timeout=30)
+    assert after.status_code == 200
+    assert int(query_database(cluster, "SELECT count(*) FROM sessions WHERE revoked_at IS NULL")) >= 2
