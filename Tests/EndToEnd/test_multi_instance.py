@@ -176,3 +176,89 @@ def test_an_instance_killed_mid_storm_loses_no_session(cluster, seen):
     after = requests.get(survivor + "/api/storm/x", headers={"Authorization": f"Bearer {access}"}, timeout=30)
     assert after.status_code == 200
     assert int(query_database(cluster, "SELECT count(*) FROM sessions WHERE revoked_at IS NULL")) >= 2
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def own_postgres():
+    """A PostgreSQL of this test's own, which it may stop and start (in a folder the
+    postgres user can reach: pytest's own temporary folders are private to root)."""
+    import shutil
+    import tempfile
+    parent = Path(tempfile.mkdtemp(prefix="gatehouse-pg-"))
+    parent.chmod(0o755)
+    folder = parent / "pg"
+    address = subprocess.run([str(ROOT / "scripts/postgres"), "start", str(folder)], capture_output=True, text=True,
+                             check=True, timeout=120).stdout.strip()
+    yield {"address": address, "folder": folder}
+    subprocess.run([str(ROOT / "scripts/postgres"), "stop", str(folder)], timeout=60)
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_postgres_outage_answers_503_quickly_and_loses_no_session(own_postgres, workdir, upstream, relay_doubles, gatehouse, seen, tmp_path):
+    host, port = own_postgres["address"].split(":")
+    gh_port = free_port()
+    config = tmp_path / "outage.yaml"
+    config.write_text(f"""
+server:
+  public_base_url: http://127.0.0.1:{gh_port}
+  port: {gh_port}
+store:
+  postgres: {{host: {host}, port: {port}, database: gatehouse, username: gatehouse}}
+upstreams:
+  - name: legacy
+    authorization_endpoint: {upstream["url"]}/o/authorize/
+    token_endpoint: {upstream["url"]}/o/token/
+    client_id: gatehouse-legacy
+    client_secret_env: UPSTREAM_SECRET_LEGACY
+    scopes: [read, write]
+sessions:
+  encryption_keys_file: {workdir / "session-keys"}
+clients:
+  - client_id: com.example.app
+    upstream: legacy
+    redirect_uris: ["com.example.app:/oauth2redirect"]
+""")
+    log = open(tmp_path / "outage.log", "w")
+    process = subprocess.Popen([str(gatehouse["binary"]), "serve", "--config", str(config)], stdout=log,
+                               stderr=subprocess.PIPE, text=True, env=upstream["env"])
+    try:
+        wait_for_line(process.stderr, "gatehouse is ready", 30, "Gatehouse on its own PostgreSQL")
+        pump(process.stderr, log)
+        app = App({"url": f"http://127.0.0.1:{gh_port}"}, seen)
+        pair = app.redeem(app.sign_in()["code"]).json()
+        subprocess.run([str(ROOT / "scripts/postgres"), "stop", str(own_postgres["folder"])], check=True, timeout=60)
+        during = app.refresh(pair["refresh_token"])
+        assert during.status_code == 503, during.text
+        assert during.elapsed.total_seconds() < 5
+        assert int(during.headers["Retry-After"]) > 0
+        # The same PostgreSQL comes back on the same port with the same data.
+        bin_dir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+        owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(owner + [str(bin_dir / "pg_ctl"), "-D", str(own_postgres["folder"] / "data"), "-w", "-l",
+                                str(own_postgres["folder"] / "server.log"), "start", "-o",
+                                f"-p {port} -k {own_postgres['folder']} -c listen_addresses=127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        after = None
+        for _ in range(50):  # the pool reconnects on demand; a bounded number of attempts, not a sleep
+            after = app.refresh(pair["refresh_token"])
+            if after.status_code != 503:
+                break
+        assert after.status_code == 200, after.text
+        assert after.json()["refresh_token"] != pair["refresh_token"]
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_postgres_holds_no_token_or_secret_in_plain_text(cluster, seen):
+    app = App({"url": cluster["urls"][0]}, seen)  # instance 1 was killed by the test before
+    app.redeem(app.sign_in()["code"])
+    dump = "\n".join(query_database(cluster, f"SELECT t::text FROM {table} t")
+                     for table in ["sessions", "access_tokens", "refresh_tokens", "issued_codes", "authorization_transactions"])
+    assert "gha_" not in dump and "ghr_" not in dump
+    assert len(seen.values) > 10
+    leaked = [value[:6] + "…" for value in seen.values if value in dump or value.encode().hex() in dump]
+    assert leaked == []

@@ -76,13 +76,13 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
 
     public func insertTransaction(_ transaction: AuthorizationTransaction, stateHash: String) async throws {
         let payload = try JSONEncoder().encode(transaction)
-        try await client.query(
+        try await query(
             "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (\(stateHash), \(payload), \(ms(transaction.expiresAt)))",
             logger: logger)
     }
 
     public func consumeTransaction(stateHash: String, now: Date) async throws -> AuthorizationTransaction? {
-        let rows = try await client.query(
+        let rows = try await query(
             "DELETE FROM authorization_transactions WHERE state_hash = \(stateHash) AND expires_at > \(ms(now)) RETURNING payload", logger: logger)
         for try await payload in rows.decode(Data.self) {
             return try JSONDecoder().decode(AuthorizationTransaction.self, from: payload)
@@ -91,12 +91,12 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func insertCode(sealed: Data, codeHash: String, expiresAt: Date) async throws {
-        try await client.query("INSERT INTO issued_codes (code_hash, sealed, expires_at) VALUES (\(codeHash), \(sealed), \(ms(expiresAt)))",
+        try await query("INSERT INTO issued_codes (code_hash, sealed, expires_at) VALUES (\(codeHash), \(sealed), \(ms(expiresAt)))",
                                logger: logger)
     }
 
     public func consumeCode(codeHash: String, now: Date) async throws -> Data? {
-        let rows = try await client.query(
+        let rows = try await query(
             "DELETE FROM issued_codes WHERE code_hash = \(codeHash) AND expires_at > \(ms(now)) RETURNING sealed", logger: logger)
         for try await sealed in rows.decode(Data.self) { return sealed }
         return nil
@@ -107,25 +107,25 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
         let cutoff = ms(now)
         var removed = 0
         for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens"] {
-            removed += try await count(client.query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
+            removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
         }
-        let ended = try await client.query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
+        let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
         for try await id in ended.decode(String.self) {
             removed += 1
-            try await client.query("DELETE FROM refresh_tokens WHERE session_id = \(id)", logger: logger)
-            try await client.query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+            try await query("DELETE FROM refresh_tokens WHERE session_id = \(id)", logger: logger)
+            try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
         }
         return removed
     }
 
     public func checkHealth() async throws {
-        try await client.query("SELECT 1", logger: logger)
+        try await query("SELECT 1", logger: logger)
     }
 
     // MARK: Sessions
 
     public func insertSession(_ session: SessionRecord) async throws {
-        try await client.query(
+        try await query(
             """
             INSERT INTO sessions (id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at)
             VALUES (\(session.id), \(session.clientID), \(session.upstream), \(session.subject), \(session.keyID), \(session.sealedTokens),
@@ -141,7 +141,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func session(forAccessTokenHash hash: String, now: Date) async throws -> (session: SessionRecord, accessExpiresAt: Date)? {
-        let rows = try await client.query(PostgresQuery(unsafeSQL: """
+        let rows = try await query(PostgresQuery(unsafeSQL: """
             SELECT \(Self.columns), a.expires_at FROM access_tokens a JOIN sessions s ON s.id = a.session_id
             WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
             """, binds: binds(hash, ms(now))), logger: logger)
@@ -154,15 +154,15 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func insertAccessToken(hash: String, sessionID: String, expiresAt: Date) async throws {
-        try await client.query("INSERT INTO access_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
+        try await query("INSERT INTO access_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
     }
 
     public func insertRefreshToken(hash: String, sessionID: String, expiresAt: Date) async throws {
-        try await client.query("INSERT INTO refresh_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
+        try await query("INSERT INTO refresh_tokens (hash, session_id, expires_at) VALUES (\(hash), \(sessionID), \(ms(expiresAt)))", logger: logger)
     }
 
     public func refreshToken(hash: String) async throws -> RefreshTokenRecord? {
-        let rows = try await client.query(
+        let rows = try await query(
             "SELECT hash, session_id, expires_at, replaced_at, successor_sealed FROM refresh_tokens WHERE hash = \(hash)", logger: logger)
         for try await (hash, session, expires, replaced, successor) in rows.decode((String, String, Int, Int?, Data?).self) {
             return RefreshTokenRecord(hash: hash, sessionID: session, expiresAt: Self.date(expires), replacedAt: replaced.map(Self.date),
@@ -172,7 +172,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func markRefreshTokenReplaced(hash: String, successorSealed: Data, now: Date) async throws -> Bool {
-        try await count(client.query(
+        try await count(query(
             """
             UPDATE refresh_tokens SET replaced_at = \(ms(now)), successor_sealed = \(successorSealed)
             WHERE hash = \(hash) AND replaced_at IS NULL AND expires_at > \(ms(now)) RETURNING 1
@@ -180,17 +180,17 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func deleteTokens(accessHash: String, refreshHash: String) async throws {
-        try await client.query("DELETE FROM access_tokens WHERE hash = \(accessHash)", logger: logger)
-        try await client.query("DELETE FROM refresh_tokens WHERE hash = \(refreshHash)", logger: logger)
+        try await query("DELETE FROM access_tokens WHERE hash = \(accessHash)", logger: logger)
+        try await query("DELETE FROM refresh_tokens WHERE hash = \(refreshHash)", logger: logger)
     }
 
     public func revokeSession(id: String, now: Date) async throws {
-        try await client.query("UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND revoked_at IS NULL", logger: logger)
-        try await client.query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+        try await query("UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND revoked_at IS NULL", logger: logger)
+        try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
     }
 
     public func acquireRefreshLease(sessionID: String, owner: String, until: Date, now: Date) async throws -> Bool {
-        try await count(client.query(
+        try await count(query(
             """
             UPDATE sessions SET lease_owner = \(owner), lease_until = \(ms(until))
             WHERE id = \(sessionID) AND revoked_at IS NULL AND (lease_until IS NULL OR lease_until <= \(ms(now)) OR lease_owner = \(owner))
@@ -199,12 +199,12 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func releaseRefreshLease(sessionID: String, owner: String) async throws {
-        try await client.query("UPDATE sessions SET lease_owner = NULL, lease_until = NULL WHERE id = \(sessionID) AND lease_owner = \(owner)",
+        try await query("UPDATE sessions SET lease_owner = NULL, lease_until = NULL WHERE id = \(sessionID) AND lease_owner = \(owner)",
                                logger: logger)
     }
 
     public func writeUpstreamTokens(sessionID: String, expectedVersion: Int, keyID: String, sealed: Data, upstreamExpiresAt: Date?) async throws -> Bool {
-        try await count(client.query(
+        try await count(query(
             """
             UPDATE sessions SET key_id = \(keyID), sealed_tokens = \(sealed), upstream_expires_at = \(upstreamExpiresAt.map(ms)),
                 version = version + 1, lease_owner = NULL, lease_until = NULL
@@ -213,7 +213,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     public func setSubject(_ subject: String, sessionID: String) async throws {
-        try await client.query("UPDATE sessions SET subject = \(subject) WHERE id = \(sessionID)", logger: logger)
+        try await query("UPDATE sessions SET subject = \(subject) WHERE id = \(sessionID)", logger: logger)
     }
 
     public func sessions(subject: String?) async throws -> [SessionRecord] {
@@ -230,9 +230,28 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
 
     // MARK: Helpers
 
-    private func sessions(_ query: PostgresQuery) async throws -> [SessionRecord] {
+    /// How long a query may wait for a connection and its answer: during an outage the app
+    /// gets a quick 503 instead of a request that hangs until the database returns.
+    static let queryTimeout: Duration = .seconds(2)
+
+    @discardableResult
+    private func query(_ query: PostgresQuery, logger: Logger) async throws -> PostgresRowSequence {
+        let client = self.client
+        return try await withThrowingTaskGroup(of: PostgresRowSequence?.self) { group in
+            group.addTask { try await client.query(query, logger: logger) }
+            group.addTask {
+                try await Task.sleep(for: Self.queryTimeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next(), let rows = first else { throw StoreUnavailable() }
+            return rows
+        }
+    }
+
+    private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
         var result: [SessionRecord] = []
-        let rows = try await client.query(query, logger: logger)
+        let rows = try await query(statement, logger: logger)
         for try await c in rows.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?).self) {
             result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10))
         }
@@ -260,4 +279,9 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
 
     private func ms(_ date: Date) -> Int { Int((date.timeIntervalSince1970 * 1000).rounded(.down)) }
     private static func date(_ milliseconds: Int) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
+}
+
+/// The database did not answer in time.
+public struct StoreUnavailable: Error, CustomStringConvertible {
+    public var description: String { "the database did not answer in time" }
 }
