@@ -3,11 +3,14 @@
 
     bench.py free-ports N                     N distinct free loopback TCP ports, one per line
     bench.py wait-port PORT [--pid PID]       exit 0 once 127.0.0.1:PORT accepts a connection
+    bench.py wait-line FILE REGEX [--pid PID] print the first line of FILE matching REGEX once it is there
     bench.py render TEMPLATE OUT KEY=VALUE…   replace @KEY@ placeholders; unknown ones are an error
     bench.py fetch URL [--header H] [--expect-status N] [--expect-body FILE]
     bench.py token                            a random bearer token
     bench.py table --direct F --proxy F [--gatehouse F | --gatehouse-failed REASON]
                                               the Markdown result table from wrk outputs
+    bench.py sealed-table --passthrough F|--passthrough-failed R --sealed F|--sealed-failed R
+                                              the second table: sealed on PostgreSQL vs passthrough on SQLite
 """
 
 import argparse
@@ -65,6 +68,33 @@ def wait_port(args):
             return 2
         if time.monotonic() >= deadline:
             print(f"port {args.port} did not open within {args.timeout:g} s", file=sys.stderr)
+            return 1
+        time.sleep(args.interval)
+
+
+def wait_line(args):
+    pattern = re.compile(args.pattern)
+    deadline = time.monotonic() + args.timeout
+    offset, partial = 0, b""
+    while True:
+        try:
+            with open(args.file, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        offset += len(chunk)
+        *complete, partial = (partial + chunk).split(b"\n")
+        for line in complete:
+            text = line.decode(errors="replace")
+            if pattern.search(text):
+                print(text)
+                return 0
+        if not alive(args.pid):
+            print(f"process {args.pid} exited before {args.file} showed /{args.pattern}/", file=sys.stderr)
+            return 2
+        if time.monotonic() >= deadline:
+            print(f"no line matching /{args.pattern}/ in {args.file} within {args.timeout:g} s", file=sys.stderr)
             return 1
         time.sleep(args.interval)
 
@@ -214,6 +244,49 @@ def table(args):
     return 0
 
 
+def sealed_table(args):
+    rows, notes = [], []
+
+    def load(name, path, failed):
+        if path is None:
+            notes.append(f"- {name}: FAILED ({failed or 'not run'})")
+            return None
+        try:
+            r = parse_wrk(path)
+        except (OSError, ValueError) as error:
+            notes.append(f"- {name}: FAILED (wrk: {error})")
+            return None
+        if r["non2xx"]:
+            notes.append(f"- {name}: {r['non2xx']} of {r['requests']} responses were not 2xx/3xx "
+                         "- its numbers are NOT valid")
+        if r["socket_errors"]:
+            notes.append(f"- {name}: {r['socket_detail']}")
+        return r
+
+    base_name, sealed_name = "gatehouse passthrough (SQLite)", "gatehouse sealed (PostgreSQL)"
+    base = load(base_name, args.passthrough, args.passthrough_failed)
+    sealed = load(sealed_name, args.sealed, args.sealed_failed)
+    out = ["| target | requests/s | p50 ms | p99 ms | vs passthrough (SQLite) |",
+           "|---|---:|---:|---:|---:|"]
+    for name, r in ((base_name, base), (sealed_name, sealed)):
+        if r is None:
+            out.append(f"| {name} | failed | - | - | - |")
+            continue
+        label = f"{name} (INVALID: non-2xx)" if r["non2xx"] else name
+        ratio = f"{r['rps'] / base['rps']:.2f}x" if base and base["rps"] else "n/a"
+        out.append(f"| {label} | {r['rps']:,.0f} | {fmt_ms(r['p50'])} | {fmt_ms(r['p99'])} | {ratio} |")
+    out.append("")
+    if base and sealed:
+        out.append(f"p99 delta sealed vs passthrough: {sealed['p99'] - base['p99']:+.2f} ms")
+    else:
+        out.append("p99 delta sealed vs passthrough: n/a")
+    if notes:
+        out.append("")
+        out.extend(notes)
+    print("\n".join(out))
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +301,14 @@ def main():
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--interval", type=float, default=0.05)
     p.set_defaults(func=wait_port)
+
+    p = sub.add_parser("wait-line")
+    p.add_argument("file")
+    p.add_argument("pattern")
+    p.add_argument("--pid", type=int)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--interval", type=float, default=0.05)
+    p.set_defaults(func=wait_line)
 
     p = sub.add_parser("render")
     p.add_argument("template")
@@ -252,6 +333,13 @@ def main():
     p.add_argument("--gatehouse")
     p.add_argument("--gatehouse-failed")
     p.set_defaults(func=table)
+
+    p = sub.add_parser("sealed-table")
+    p.add_argument("--passthrough")
+    p.add_argument("--passthrough-failed")
+    p.add_argument("--sealed")
+    p.add_argument("--sealed-failed")
+    p.set_defaults(func=sealed_table)
 
     args = parser.parse_args()
     sys.exit(args.func(args) or 0)

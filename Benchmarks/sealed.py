@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Sealed-session helpers for Benchmarks/run.
+
+    sealed.py sign-in GATEHOUSE_URL OUT
+        Signs in as the tests do (Tests/Support/nativeapp.py: the app com.example.app, PKCE, the
+        in-app browser filling in the upstream's login form as alice/wonderland-42), redeems the
+        code and writes Gatehouse's access token (gha_…) to OUT. Needs `requests`: run it with
+        the repo's venv (scripts/python-env).
+
+    sealed.py storm --url A --url B --token-file F --counts URL [--workers 250] [--per-worker 4]
+                    [--path /api/data] [--expect-body FILE] [--identity-log FILE] --out OUT.json
+        The refresh storm: WORKERS threads, each with one keep-alive connection to every
+        instance opened beforehand, wait on one barrier, then send PER_WORKER requests each
+        (`GET PATH`, `Authorization: Bearer <token>`), worker i's request r going to instance
+        (i + r) mod 2. Each request's latency is measured from sending it to its last body
+        byte. Writes a JSON summary (statuses, successes, p50/p99/max, refresh grants that
+        reached the upstream according to the counting proxy's URL, identity-service calls
+        counted from the backend's access log) and prints one line about it. Standard library.
+
+    sealed.py storm-table OUT.json…
+        The Markdown table of the storms.
+"""
+
+import argparse
+import http.client
+import json
+import math
+import os
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sign_in(args):
+    sys.path.insert(0, str(ROOT / "Tests/Support"))
+    from nativeapp import App  # noqa: E402 (needs requests, from the venv)
+
+    app = App({"url": args.url.rstrip("/")})
+    received = app.sign_in()
+    if "code" not in received:
+        print(f"sign-in: no code on the app's redirect: {sorted(received)}", file=sys.stderr)
+        return 1
+    answer = app.redeem(received["code"])
+    if answer.status_code != 200:
+        print(f"sign-in: the token endpoint answered {answer.status_code}: {answer.text[:300]}", file=sys.stderr)
+        return 1
+    access = answer.json().get("access_token", "")
+    if not access.startswith("gha_"):
+        print(f"sign-in: the access token is not a sealed Gatehouse token (starts {access[:4]!r})", file=sys.stderr)
+        return 1
+    fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(access)
+    print(f"sign-in: alice signed in through {args.url}; sealed access token ({len(access)} characters) "
+          f"expires in {answer.json().get('expires_in')} s")
+    return 0
+
+
+def counts(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def lines(path):
+    if not path or not os.path.exists(path):
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def percentile(sorted_values, fraction):
+    """Nearest rank: the smallest value with at least `fraction` of the values at or below it."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(round(len(sorted_values) * fraction, 9)))
+    return sorted_values[rank - 1]
+
+
+def storm(args):
+    token = Path(args.token_file).read_text().strip()
+    expected = Path(args.expect_body).read_bytes() if args.expect_body else None
+    targets = [urlsplit(u) for u in args.url]
+    headers = {"Authorization": f"Bearer {token}", "Connection": "keep-alive"}
+    barrier = threading.Barrier(args.workers)
+
+    def worker(index):
+        connections = [http.client.HTTPConnection(t.hostname, t.port, timeout=args.timeout) for t in targets]
+        results = []
+        try:
+            for c in connections:
+                c.connect()  # connect before the barrier: the storm measures requests, not handshakes
+            barrier.wait(timeout=60)
+            for r in range(args.per_worker):
+                which = (index + r) % len(targets)
+                conn = connections[which]
+                start = time.perf_counter()
+                try:
+                    conn.request("GET", args.path, headers=headers)
+                    response = conn.getresponse()
+                    body = response.read()
+                    elapsed = (time.perf_counter() - start) * 1000
+                    ok = response.status == 200 and (expected is None or body == expected)
+                    results.append((which, response.status, ok, elapsed, None))
+                except (OSError, http.client.HTTPException) as error:
+                    elapsed = (time.perf_counter() - start) * 1000
+                    results.append((which, None, False, elapsed, type(error).__name__))
+                    conn.close()
+                    connections[which] = http.client.HTTPConnection(targets[which].hostname, targets[which].port,
+                                                                    timeout=args.timeout)
+        except threading.BrokenBarrierError:
+            results.append((None, None, False, 0.0, "BrokenBarrierError"))
+        finally:
+            for c in connections:
+                c.close()
+        return results
+
+    refresh_before = counts(args.counts)
+    identity_before = lines(args.identity_log)
+    wall_start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        results = [item for batch in pool.map(worker, range(args.workers)) for item in batch]
+    wall = (time.perf_counter() - wall_start) * 1000
+    time.sleep(0.2)  # let the proxy's counter settle (a stray refresh after the last answer would show)
+    refresh_after = counts(args.counts)
+    identity_after = lines(args.identity_log)
+
+    latencies = sorted(r[3] for r in results if r[0] is not None)
+    statuses, errors = {}, {}
+    for which, status, ok, _, error in results:
+        if status is not None:
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+        if error:
+            errors[error] = errors.get(error, 0) + 1
+    per_instance = [sum(1 for r in results if r[0] == i) for i in range(len(targets))]
+    summary = {
+        "requests": args.workers * args.per_worker,
+        "answered": sum(statuses.values()),
+        "ok": sum(1 for r in results if r[2]),
+        "statuses": statuses,
+        "errors": errors,
+        "per_instance": per_instance,
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": latencies[-1] if latencies else None,
+        "wall_ms": wall,
+        "refresh_grants": refresh_after.get("refresh_token", 0) - refresh_before.get("refresh_token", 0),
+        "token_requests": refresh_after.get("total", 0) - refresh_before.get("total", 0),
+        "identity_calls": identity_after - identity_before,
+        "workers": args.workers,
+        "per_worker": args.per_worker,
+    }
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"storm: {summary['ok']}/{summary['requests']} succeeded ({statuses or 'no answers'}"
+          f"{', errors ' + str(errors) if errors else ''}); refresh grants at the upstream: {summary['refresh_grants']}; "
+          f"p50 {fmt(summary['p50_ms'])} ms, p99 {fmt(summary['p99_ms'])} ms, max {fmt(summary['max_ms'])} ms; "
+          f"wall {fmt(wall)} ms")
+    return 0
+
+
+def fmt(value):
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def storm_table(args):
+    out = ["| storm | refresh grants at the upstream | succeeded | p50 ms | p99 ms | max ms | wall ms | identity calls |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for index, path in enumerate(args.files, 1):
+        try:
+            with open(path) as f:
+                s = json.load(f)
+        except (OSError, ValueError) as error:
+            out.append(f"| {index} | failed | - | - | - | - | - | - |")
+            notes.append(f"- storm {index}: no result ({error})")
+            continue
+        flag = "" if s["refresh_grants"] == 1 else " (expected 1)"
+        ok = f"{s['ok']} / {s['requests']}" + ("" if s["ok"] == s["requests"] else " (NOT all)")
+        out.append(f"| {index} | {s['refresh_grants']}{flag} | {ok} | {fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} "
+                   f"| {fmt(s['max_ms'])} | {fmt(s['wall_ms'])} | {s['identity_calls']} |")
+        if s["ok"] != s["requests"]:
+            notes.append(f"- storm {index}: statuses {s['statuses']}, errors {s['errors'] or 'none'}")
+        if s["token_requests"] != s["refresh_grants"]:
+            notes.append(f"- storm {index}: {s['token_requests']} token-endpoint requests in all")
+    if notes:
+        out.append("")
+        out.extend(notes)
+    print("\n".join(out))
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sign-in")
+    p.add_argument("url")
+    p.add_argument("out")
+    p.set_defaults(func=sign_in)
+
+    p = sub.add_parser("storm")
+    p.add_argument("--url", action="append", required=True, help="an instance's base URL (give two)")
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--counts", required=True, help="the counting proxy's /_counts URL")
+    p.add_argument("--workers", type=int, default=250)
+    p.add_argument("--per-worker", type=int, default=4)
+    p.add_argument("--path", default="/api/data")
+    p.add_argument("--expect-body")
+    p.add_argument("--identity-log")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=storm)
+
+    p = sub.add_parser("storm-table")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=storm_table)
+
+    args = parser.parse_args()
+    sys.exit(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    main()
