@@ -26,6 +26,7 @@ class CountingTokenProxy:
     def __init__(self, target):
         self.target = target
         self.refreshes = 0
+        self.fault = None  # None: forward; or (status, JSON body) to answer refresh grants with
         self.lock = threading.Lock()
         proxy = self
 
@@ -37,6 +38,14 @@ class CountingTokenProxy:
                 if parse_qs(body.decode()).get("grant_type") == ["refresh_token"]:
                     with proxy.lock:
                         proxy.refreshes += 1
+                    if proxy.fault:
+                        status, payload = proxy.fault
+                        self.send_response(status)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type", "accept")}
                 answer = requests.post(proxy.target, data=body, headers=headers, timeout=10)
                 self.send_response(answer.status_code)
@@ -262,3 +271,24 @@ def test_postgres_holds_no_token_or_secret_in_plain_text(cluster, seen):
     assert len(seen.values) > 10
     leaked = [value[:6] + "…" for value in seen.values if value in dump or value.encode().hex() in dump]
     assert leaked == []
+
+
+def test_upstream_500_on_refresh_is_503_and_invalid_grant_ends_the_session(cluster, seen):
+    app = App({"url": cluster["urls"][0]}, seen)
+    access = app.redeem(app.sign_in()["code"]).json()["access_token"]
+    url = cluster["urls"][0] + "/api/storm/x"
+    headers = {"Authorization": f"Bearer {access}"}
+    # No relayed call before: an instance keeps a session's view for up to 10 s.
+    query_database(cluster, "UPDATE sessions SET upstream_expires_at = 0")
+    proxy = cluster["proxy"]
+    try:
+        proxy.fault = (500, b'{"error": "server_error"}')
+        failing = requests.get(url, headers=headers, timeout=30)
+        assert failing.status_code == 503 and int(failing.headers["Retry-After"]) > 0
+        assert query_database(cluster, "SELECT count(*) FROM sessions WHERE revoked_at IS NULL AND upstream_expires_at = 0") != "0"
+        proxy.fault = (400, b'{"error": "invalid_grant"}')
+        ended = requests.get(url, headers=headers, timeout=30)
+        assert ended.status_code == 401
+        assert "sign_in" in ended.json()
+    finally:
+        proxy.fault = None

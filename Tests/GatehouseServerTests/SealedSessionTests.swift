@@ -145,3 +145,28 @@ struct SealedSessionTests {
         }
     }
 }
+
+extension SealedSessionTests {
+    @Test func rotatedKeyRingReSealsOldSessionsUnderTheNewKey() async throws {
+        try await TestGatehouse.withRouter { test, client in
+            let pair = try await Self.signIn(client)
+            let sessions = try #require(test.gatehouse.sessions)
+            let before = try #require(try await sessions.store.session(forAccessTokenHash: SecureToken.hash(pair["access_token"] as! String), now: Date()))
+            #expect(before.session.keyID == "k1")
+            // `gatehouse keys rotate`: a new key first, the old one still in the ring.
+            let rotated = try KeyRing(parsing: "k2 \(SecureToken.generate())\n" + "k1 " + String(TestGatehouse.keyRingLine.split(separator: " ")[1]))
+            var settings = sessions.settings
+            settings.keyRing = rotated
+            let reencryption = Reencryption(sessions: SessionServices(store: sessions.store, settings: settings, logger: test.gatehouse.logger),
+                                            interval: .seconds(60), logger: test.gatehouse.logger)
+            await reencryption.reencryptBatch()
+            let after = try #require(try await sessions.store.session(id: before.session.id))
+            #expect(after.keyID == "k2")
+            #expect(after.sealedTokens != before.session.sealedTokens)
+            let opened = try rotated.open(after.sealedTokens, keyID: "k2", associatedData: after.id)
+            #expect(String(decoding: opened, as: UTF8.self).contains("upstream-at"))
+            // A ciphertext moved onto another session does not open (the session id is bound to it).
+            #expect(throws: (any Error).self) { try rotated.open(after.sealedTokens, keyID: "k2", associatedData: "another-session") }
+        }
+    }
+}

@@ -61,7 +61,8 @@ struct TestGatehouse {
     let clock: ManualClock
     let store: SQLiteAuthorizationStore
 
-    static let keyRing = try! KeyRing(parsing: "k1 " + SecureToken.generate())
+    static let keyRingLine = "k1 " + SecureToken.generate()
+    static let keyRing = try! KeyRing(parsing: keyRingLine)
 
     static func make(pkce: Bool = false, grace: Duration = .seconds(30)) async throws -> TestGatehouse {
         let settings = UpstreamSettings(
