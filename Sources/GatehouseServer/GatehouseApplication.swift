@@ -87,7 +87,7 @@ public enum GatehouseApplication {
         let fastPath = relay.map { relay in
             (planner: FastRelayPlanner(configuration: configuration, relay: relay, sessions: sessions, logger: logger),
              pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
-                                         connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.nanoseconds)))
+                                         connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds)))
         }
         var app = Application(
             router: router(for: gatehouse),

@@ -69,7 +69,7 @@ public final class IdentityCache: Sendable {
     /// Fills the cache directly, for measuring its memory (`gatehouse bench-identity-cache`).
     public func insert(_ resolution: IdentityResolution, forToken token: String, upstream: String, ttl: Duration) {
         let key = TokenKey(token: token, upstream: upstream)
-        let expiry = clock() + ttl.milliseconds
+        let expiry = clock() + ttl.inMilliseconds
         state.withLock { $0.set(key, resolution, expiry: expiry) }
     }
 
@@ -79,13 +79,13 @@ public final class IdentityCache: Sendable {
             state.inflight[key] = nil
             switch result {
             case .success(.active(let identity)):
-                var expiry = now + ttl.milliseconds
+                var expiry = now + ttl.inMilliseconds
                 if let expiresAt = identity.expiresAt {
                     expiry = min(expiry, now + Int64(expiresAt.timeIntervalSinceNow * 1000))
                 }
                 if expiry > now { state.set(key, .active(identity), expiry: expiry) }
             case .success(.inactive):
-                if negativeTTL > .zero { state.set(key, .inactive, expiry: now + negativeTTL.milliseconds) }
+                if negativeTTL > .zero { state.set(key, .inactive, expiry: now + negativeTTL.inMilliseconds) }
             case .failure:
                 break
             }
@@ -99,12 +99,5 @@ public final class IdentityCache: Sendable {
 
     @Sendable private static func monotonicMilliseconds() -> Int64 {
         Int64(DispatchTime.now().uptimeNanoseconds / 1_000_000)
-    }
-}
-
-extension Duration {
-    var milliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
     }
 }

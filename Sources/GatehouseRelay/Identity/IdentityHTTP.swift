@@ -12,7 +12,7 @@ enum IdentityHTTP {
         -> (status: Int, body: Data)
     {
         do {
-            let response = try await client.execute(request, timeout: .nanoseconds(timeout.nanoseconds))
+            let response = try await client.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
             let body = try await response.body.collect(upTo: maximumResponseBytes)
             return (Int(response.status.code), Data(body.readableBytesView))
         } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout].contains(error) {
@@ -29,12 +29,5 @@ enum IdentityHTTP {
             throw IdentityUnavailable(.badResponse, "the identity service's answer is not a JSON object")
         }
         return object
-    }
-}
-
-extension Duration {
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }

@@ -72,7 +72,7 @@ extension Gatehouse {
             let outbound = try await outboundRequest(request, context: context, route: route, identity: identity,
                                                      relay: relay, contentLength: contentLength,
                                                      sealedUpstreamToken: sealed ? upstreamToken : nil)
-            let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.nanoseconds))
+            let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.inNanoseconds))
             return try await Self.inboundResponse(response, isHead: request.method == .head)
         } catch let error as RelayBodyTooLarge {
             return .problem(.payloadTooLarge(limit: error.limit), for: request)
@@ -233,11 +233,4 @@ struct RelayRequestBody: AsyncSequence, Sendable {
 
 struct RelayBodyTooLarge: Error {
     let limit: Int
-}
-
-extension Duration {
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
-    }
 }

@@ -11,12 +11,7 @@ extension Gatehouse {
     /// upstream token at the upstream (passthrough). 200 whether or not the token was known
     /// (§2.2), so the answer says nothing about which tokens exist.
     func revoke(_ request: Request) async -> Response {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
-        guard contentType.hasPrefix("application/x-www-form-urlencoded") else {
-            var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
-            response.status = .unsupportedMediaType
-            return response
-        }
+        if let refusal = Self.refusingNonFormBody(request) { return refusal }
         var request = request
         let form: FormParameters
         do {

@@ -9,12 +9,7 @@ extension Gatehouse {
     /// `POST /oauth/token` (RFC 6749 §4.1.3 and §6, RFC 7636 §4.5). Every answer is JSON with
     /// `Cache-Control: no-store`; every failure an RFC 6749 §5.2 error.
     func token(_ request: Request) async -> Response {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
-        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/x-www-form-urlencoded" else {
-            var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
-            response.status = .unsupportedMediaType
-            return response
-        }
+        if let refusal = Self.refusingNonFormBody(request) { return refusal }
         var request = request
         let body: ByteBuffer
         do {
@@ -120,6 +115,20 @@ extension Gatehouse {
         }
         let verifierForUpstream = upstream.settings.pkce ? codeVerifier : nil
         return try await upstream.exchangeCode(code, redirectURI: redirectURI, codeVerifier: verifierForUpstream).json
+    }
+}
+
+extension Gatehouse {
+    /// 415 with an OAuth `invalid_request` unless the body is `application/x-www-form-urlencoded`
+    /// (RFC 6749 §3.2, RFC 7009 §2.1).
+    static func refusingNonFormBody(_ request: Request) -> Response? {
+        let contentType = request.headers[.contentType]?.lowercased() ?? ""
+        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) != "application/x-www-form-urlencoded" else {
+            return nil
+        }
+        var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
+        response.status = .unsupportedMediaType
+        return response
     }
 }
 

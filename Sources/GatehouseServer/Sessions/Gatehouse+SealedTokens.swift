@@ -27,7 +27,7 @@ extension Gatehouse {
             session = SessionRecord(
                 id: sessionID, clientID: client.clientID, upstream: client.upstream, subject: nil, keyID: keyID, sealedTokens: sealed,
                 upstreamExpiresAt: tokens.expiresIn.map { now.addingTimeInterval(Double($0)) }, createdAt: now,
-                expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.seconds))
+                expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.inSeconds))
             try await sessions.store.insertSession(session)
         } catch {
             throw .serverError("Gatehouse could not record the session")
@@ -42,14 +42,14 @@ extension Gatehouse {
     private func issuePair(sessionID: String, scope: String?, sessions: SessionServices) async throws(OAuthError) -> GatehousePair {
         let pair = GatehousePair(
             access_token: SessionServices.accessPrefix + SecureToken.generate(), token_type: "Bearer",
-            expires_in: Int(sessions.settings.accessTokenLifetime.seconds),
+            expires_in: Int(sessions.settings.accessTokenLifetime.inSeconds),
             refresh_token: SessionServices.refreshPrefix + SecureToken.generate(), scope: scope)
         let now = self.now()
         do {
             try await sessions.store.insertAccessToken(hash: SecureToken.hash(pair.access_token), sessionID: sessionID,
-                                                       expiresAt: now.addingTimeInterval(sessions.settings.accessTokenLifetime.seconds))
+                                                       expiresAt: now.addingTimeInterval(sessions.settings.accessTokenLifetime.inSeconds))
             try await sessions.store.insertRefreshToken(hash: SecureToken.hash(pair.refresh_token), sessionID: sessionID,
-                                                        expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.seconds))
+                                                        expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.inSeconds))
         } catch {
             throw .serverError("Gatehouse could not record the tokens")
         }

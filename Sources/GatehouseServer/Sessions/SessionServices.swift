@@ -51,7 +51,7 @@ public final class SessionServices: Sendable {
 
     func needsRefresh(_ view: SessionView, now: Date) -> Bool {
         guard let expiresAt = view.upstreamExpiresAt else { return false }
-        return expiresAt.timeIntervalSince(now) <= settings.upstreamRefreshSkew.seconds
+        return expiresAt.timeIntervalSince(now) <= settings.upstreamRefreshSkew.inSeconds
     }
 
     /// The upstream access token behind a Gatehouse access token, refreshed first when it is
@@ -204,12 +204,5 @@ final class SessionViewCache: Sendable {
 
     func dropSession(_ sessionID: String) {
         entries.withLock { entries in entries = entries.filter { $0.value.view.sessionID != sessionID } }
-    }
-}
-
-extension Duration {
-    var seconds: Double {
-        let (seconds, attoseconds) = components
-        return Double(seconds) + Double(attoseconds) / 1e18
     }
 }

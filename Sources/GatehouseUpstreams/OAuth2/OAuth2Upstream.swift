@@ -49,7 +49,7 @@ public struct OAuth2Upstream: UpstreamClient {
         guard let endpoint = settings.revocationEndpoint else { return }
         let request = authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
         do {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(Int64(settings.timeout.nanoseconds)))
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.inNanoseconds))
             _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
             if response.status != .ok {
                 logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(response.status.code)])
@@ -85,7 +85,7 @@ public struct OAuth2Upstream: UpstreamClient {
         let status: HTTPResponseStatus
         let bytes: ByteBuffer
         do {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(Int64(settings.timeout.nanoseconds)))
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.inNanoseconds))
             status = response.status
             bytes = try await response.body.collect(upTo: Self.maximumResponseBytes)
         } catch {
@@ -104,12 +104,5 @@ public struct OAuth2Upstream: UpstreamClient {
             ])
             throw error
         }
-    }
-}
-
-extension Duration {
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }
