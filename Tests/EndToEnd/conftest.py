@@ -214,6 +214,7 @@ sessions:
     try:
         ready = wait_for_line(process.stderr, r"gatehouse is ready", 30, "Gatehouse")
         log.write(ready)
+        log.flush()
         pump(process.stderr, log)
         yield {"url": base, "log": log_path, "process": process, "config": config_path, "binary": binary,
                "database": workdir / "gatehouse.sqlite"}

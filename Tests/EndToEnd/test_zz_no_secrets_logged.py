@@ -1,10 +1,11 @@
 """Runs last (pytest orders files by name): no secret, code or token seen during the
-suite appears anywhere in Gatehouse's log, and neither does the upstream's secret."""
+suite appears anywhere in any Gatehouse log of the run (the main instance and the
+PostgreSQL cluster's instances), and neither does an upstream's secret."""
 
 
-def test_no_secret_code_or_token_reaches_the_log(gatehouse, seen):
-    log = gatehouse["log"].read_text()
-    assert "gatehouse is ready" in log
+def test_no_secret_code_or_token_reaches_any_log(gatehouse, seen, workdir):
+    logs = {path.name: path.read_text() for path in [gatehouse["log"], *sorted(workdir.glob("cluster-*.log"))]}
+    assert "gatehouse is ready" in logs["gatehouse.log"]
     assert len(seen.values) > 10, "the suite should have recorded the secrets it saw"
-    leaked = [value[:6] + "…" for value in seen.values if value in log]
+    leaked = [(name, value[:6] + "…") for name, text in logs.items() for value in seen.values if value in text]
     assert leaked == []

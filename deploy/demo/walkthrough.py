@@ -93,6 +93,7 @@ clients:
     process = subprocess.Popen([binary, "serve", "--config", str(data / "gatehouse.yaml")],
                                stdout=log, stderr=subprocess.PIPE, text=True, env=env)
     log.write(wait_for_line(process.stderr, "gatehouse is ready", 30, "Gatehouse"))
+    log.flush()
     pump(process.stderr, log)
     return process
 
