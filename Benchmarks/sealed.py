@@ -137,8 +137,15 @@ def storm(args):
             statuses[str(status)] = statuses.get(str(status), 0) + 1
         if error:
             errors[error] = errors.get(error, 0) + 1
-    per_instance = [sum(1 for r in results if r[0] == i) for i in range(len(targets))]
+    per_instance = []
+    for i in range(len(targets)):
+        mine = sorted(r[3] for r in results if r[0] == i)
+        per_instance.append({"requests": len(mine), "ok": sum(1 for r in results if r[0] == i and r[2]),
+                             "p50_ms": percentile(mine, 0.50), "p99_ms": percentile(mine, 0.99),
+                             "max_ms": mine[-1] if mine else None})
     summary = {
+        "label": args.label,
+        "expected_refresh_grants": args.expect_refresh_grants,
         "requests": args.workers * args.per_worker,
         "answered": sum(statuses.values()),
         "ok": sum(1 for r in results if r[2]),
@@ -171,25 +178,29 @@ def fmt(value):
 
 
 def storm_table(args):
-    out = ["| storm | refresh grants at the upstream | succeeded | p50 ms | p99 ms | max ms | wall ms | identity calls |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| storm | refresh grants at the upstream | succeeded | p50 ms | p99 ms | max ms | wall ms | identity calls "
+           "| p99 ms per instance (1 / 2) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for index, path in enumerate(args.files, 1):
         try:
             with open(path) as f:
                 s = json.load(f)
         except (OSError, ValueError) as error:
-            out.append(f"| {index} | failed | - | - | - | - | - | - |")
+            out.append(f"| {index} | failed | - | - | - | - | - | - | - |")
             notes.append(f"- storm {index}: no result ({error})")
             continue
-        flag = "" if s["refresh_grants"] == 1 else " (expected 1)"
+        name = s.get("label") or str(index)
+        expected = s.get("expected_refresh_grants", 1)
+        flag = "" if s["refresh_grants"] == expected else f" (expected {expected})"
         ok = f"{s['ok']} / {s['requests']}" + ("" if s["ok"] == s["requests"] else " (NOT all)")
-        out.append(f"| {index} | {s['refresh_grants']}{flag} | {ok} | {fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} "
-                   f"| {fmt(s['max_ms'])} | {fmt(s['wall_ms'])} | {s['identity_calls']} |")
+        split = " / ".join(fmt(p["p99_ms"]) for p in s["per_instance"])
+        out.append(f"| {name} | {s['refresh_grants']}{flag} | {ok} | {fmt(s['p50_ms'])} | {fmt(s['p99_ms'])} "
+                   f"| {fmt(s['max_ms'])} | {fmt(s['wall_ms'])} | {s['identity_calls']} | {split} |")
         if s["ok"] != s["requests"]:
-            notes.append(f"- storm {index}: statuses {s['statuses']}, errors {s['errors'] or 'none'}")
+            notes.append(f"- storm {name}: statuses {s['statuses']}, errors {s['errors'] or 'none'}")
         if s["token_requests"] != s["refresh_grants"]:
-            notes.append(f"- storm {index}: {s['token_requests']} token-endpoint requests in all")
+            notes.append(f"- storm {name}: {s['token_requests']} token-endpoint requests in all")
     if notes:
         out.append("")
         out.extend(notes)
@@ -217,6 +228,8 @@ def main():
     p.add_argument("--identity-log")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--label", default="", help="the row's name in storm-table (default: its number)")
+    p.add_argument("--expect-refresh-grants", type=int, default=1)
     p.set_defaults(func=storm)
 
     p = sub.add_parser("storm-table")
