@@ -25,6 +25,7 @@ public struct UpstreamTokenResponse: Sendable {
         self.accessToken = Secret(accessToken)
         self.tokenType = tokenType
         self.refreshToken = (object["refresh_token"] as? String).map(Secret.init)
-        self.expiresIn = (object["expires_in"] as? NSNumber)?.intValue
+        // Some servers send a number as a string ("3599").
+        self.expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
     }
 }

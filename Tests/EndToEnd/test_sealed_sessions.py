@@ -94,3 +94,10 @@ def test_the_database_holds_no_token_or_secret_in_plain_text(gatehouse, seen):
     assert len(seen.values) > 10
     leaked = [value[:6] + "…" for value in seen.values if value in dump]
     assert leaked == []
+
+
+def test_a_gatehouse_refresh_token_is_never_a_bearer_token(gatehouse, seen, relay_doubles):
+    _, pair = sealed_sign_in(gatehouse, seen)
+    before = relay_doubles["personal"].total_calls
+    assert relay(gatehouse, "/api/sealed/x", pair["refresh_token"]).status_code == 401
+    assert relay_doubles["personal"].total_calls == before  # not even shown to the identity service

@@ -37,6 +37,15 @@ struct RelayRulesTests {
         #expect(RelayHeaderPolicy.forwardsResponseHeader("etag", connectionTokens: []))
     }
 
+    @Test func underscoreVariantsOfIdentityHeadersNeverCross() {
+        let policy = RelayHeaderPolicy(route: Self.route, allIdentityHeaders: [])
+        for name in ["X_BPId", "x_bpid", "X-BPId"] {
+            #expect(!policy.forwardsRequestHeader(anyCase: name, connectionTokens: []), "\(name)")
+            #expect(!policy.forwardsRequestHeader(name.lowercased(), connectionTokens: []), "\(name)")
+        }
+        #expect(!policy.forwardsRequestHeader(anyCase: "Transfer_Encoding", connectionTokens: []))
+    }
+
     @Test func passthroughKeepsTheAuthorizationHeader() {
         var route = Self.route
         route.authorization = .passthrough

@@ -17,6 +17,12 @@ public protocol SessionStore: Sendable {
     func deleteTokens(accessHash: String, refreshHash: String) async throws
     /// Ends a session and deletes its access tokens; its refresh tokens stop working.
     func revokeSession(id: String, now: Date) async throws
+    /// Ends a session only if it is still at `version` (an upstream's `invalid_grant` for a
+    /// refresh token another instance has since replaced must not end the session).
+    func revokeSession(id: String, ifVersion version: Int, now: Date) async throws -> Bool
+    /// Re-seals a session under another key without bumping its version or touching a lease;
+    /// `false` when the session changed, or is being refreshed, meanwhile.
+    func rewrapSession(id: String, expectedVersion: Int, fromKeyID: String, keyID: String, sealed: Data, now: Date) async throws -> Bool
     /// Takes the right to refresh the upstream tokens until `until`; `false` when another holds it.
     func acquireRefreshLease(sessionID: String, owner: String, until: Date, now: Date) async throws -> Bool
     /// Writes new upstream tokens if the session is still at `expectedVersion`; `false` otherwise.

@@ -38,7 +38,12 @@ public actor JWTResolver: IdentityResolver {
         else { return .inactive }
 
         let collection = try await keys(including: kid)
-        guard knownKids.contains(kid) else { return .inactive }
+        guard knownKids.contains(kid) else {
+            // Just fetched and still unknown: a forged kid. Not fetched (throttled): the upstream
+            // may have rotated its keys; say "try later" rather than sign anyone out.
+            if let lastFetch, ContinuousClock.now - lastFetch < .milliseconds(100) { return .inactive }
+            throw IdentityUnavailable(.badResponse, "the token names a key the JWKS did not have at its last fetch")
+        }
         do {
             _ = try await collection.verify(token, as: SignatureOnly.self)
         } catch {

@@ -39,6 +39,7 @@ public struct RelayHeaderPolicy: Sendable {
     /// Whether a request header from the app goes on to the backend.
     /// - Parameter connectionTokens: the lower-cased names listed in the request's `Connection` header.
     public func forwardsRequestHeader(_ lowercasedName: String, connectionTokens: Set<String>) -> Bool {
+        let lowercasedName = lowercasedName.contains("_") ? lowercasedName.replacingOccurrences(of: "_", with: "-") : lowercasedName
         if Self.hopByHop.contains(lowercasedName) || Self.setByGatehouse.contains(lowercasedName) { return false }
         if connectionTokens.contains(lowercasedName) || identityHeaders.contains(lowercasedName) { return false }
         if lowercasedName == "authorization" { return authorization == .passthrough }
@@ -74,12 +75,15 @@ public struct RelayHeaderPolicy: Sendable {
         setByGatehouseBytes.contains { equalsIgnoringASCIICase(name, $0) }
     }
 
-    /// Compares a header name to a lower-case ASCII name, ignoring the case of the first.
+    /// Compares a header name to a lower-case ASCII name, ignoring the case of the first and
+    /// reading `_` as `-`: backends behind CGI-style gateways fold `X_BPId` into `X-BPId`, so
+    /// an underscore variant must never slip past a check on the dashed name.
     public static func equalsIgnoringASCIICase(_ name: String, _ lowercase: [UInt8]) -> Bool {
         let utf8 = name.utf8
         guard utf8.count == lowercase.count else { return false }
         return zip(utf8, lowercase).allSatisfy { byte, expected in
-            (byte >= 65 && byte <= 90 ? byte | 0x20 : byte) == expected
+            let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
+            return folded == expected
         }
     }
 

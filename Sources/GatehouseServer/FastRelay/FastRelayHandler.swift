@@ -38,6 +38,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private var queued = CircularBuffer<HTTPServerRequestPart>()
 
     private var current: FastRelayPlan?
+    /// Tells a late callback of an earlier exchange (a connect that finished after its 504)
+    /// from the current one: such a callback must never touch the current exchange.
+    private var exchangeID = 0
     private var backend: BackendConnection?
     private var reused = false
     private var retried = false
@@ -132,12 +135,15 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     private func start(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
         current = plan
+        exchangeID &+= 1
+        let exchange = exchangeID
         retried = false
         responseStarted = false
         started = .now()
         let (seconds, attoseconds) = plan.route.timeout.components
         timeout = context.eventLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) { [weak self] in
-            self?.timedOut()
+            guard let self, self.exchangeID == exchange else { return }
+            self.timedOut()
         }
         if let idle = pool.idleConnection(to: plan.backend, on: context.eventLoop) {
             backend = idle
@@ -146,7 +152,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             return
         }
         pool.connection(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
-            guard let self, self.current != nil else {
+            guard let self, self.current != nil, self.exchangeID == exchange else {
                 if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
                 return
             }
@@ -216,8 +222,12 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if reused, !retried {
             // A pooled connection the backend had closed: GET and HEAD are safe to send again.
             retried = true
+            let exchange = exchangeID
             pool.connect(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
-                guard let self, self.current != nil else { return }
+                guard let self, self.current != nil, self.exchangeID == exchange else {
+                    if case .success(let connection) = result { connection.handler.release(reusable: true) }
+                    return
+                }
                 switch result {
                 case .success(let connection):
                     self.backend = connection

@@ -34,6 +34,10 @@ extension Gatehouse {
         // what the identity service is asked about and what the backend may receive.
         var upstreamToken = token
         var sealed = false
+        if token.hasPrefix(SessionServices.refreshPrefix) {
+            // A Gatehouse refresh token is never a bearer token, and never leaves Gatehouse.
+            return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+        }
         if token.hasPrefix(SessionServices.accessPrefix) {
             guard let sessions else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
             switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {

@@ -33,8 +33,9 @@ extension Gatehouse {
             }
         } else if let upstream = upstreams[client.upstream] {
             let hint = form["token_type_hint"] == "access_token" ? "access_token" : "refresh_token"
-            relay?.cache.invalidate(token: token, upstream: client.upstream)
             await upstream.revoke(token, hint: hint)
+            // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
+            relay?.cache.invalidate(token: token, upstream: client.upstream)
         }
         var response = Response(status: .ok)
         response.headers[.cacheControl] = "no-store"

@@ -55,7 +55,11 @@ extension Gatehouse {
         case .refreshToken(_, let refreshToken, let scope):
             switch client.tokenExposure {
             case .sealed: return try await rotateRefreshToken(refreshToken, client: client)
-            case .passthrough: return try await upstream.refresh(refreshToken, scope: scope).json
+            case .passthrough:
+                guard !refreshToken.hasPrefix(SessionServices.refreshPrefix), !refreshToken.hasPrefix(SessionServices.accessPrefix) else {
+                    throw .invalidGrant("the refresh token is invalid, expired or revoked")
+                }
+                return try await upstream.refresh(refreshToken, scope: scope).json
             }
         }
     }

@@ -4,8 +4,9 @@ import Logging
 import ServiceLifecycle
 
 /// After `gatehouse keys rotate`, re-seals sessions still under an older key with the active
-/// one, a batch at a time, so that the old key can be dropped from the ring later. A session
-/// written meanwhile (fenced by its version) is simply skipped until the next round.
+/// one, a batch at a time, so that the old key can be dropped from the ring later. Re-sealing
+/// neither bumps a session's version nor touches a refresh lease; a session written or being
+/// refreshed meanwhile is simply skipped until the next round.
 struct Reencryption: Service {
     let sessions: SessionServices
     let interval: Duration
@@ -27,8 +28,8 @@ struct Reencryption: Service {
         for session in stale {
             guard let plaintext = try? ring.open(session.sealedTokens, keyID: session.keyID, associatedData: session.id),
                   let (keyID, sealed) = try? ring.seal(plaintext, associatedData: session.id) else { continue }
-            if (try? await sessions.store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
-                                                              sealed: sealed, upstreamExpiresAt: session.upstreamExpiresAt)) == true {
+            if (try? await sessions.store.rewrapSession(id: session.id, expectedVersion: session.version, fromKeyID: session.keyID,
+                                                        keyID: keyID, sealed: sealed, now: Date())) == true {
                 done += 1
             }
         }

@@ -99,10 +99,12 @@ public final class SessionServices: Sendable {
             do { session = try await store.session(id: sessionID) } catch { return .unavailable }
             guard let session, session.isLive(at: Date()), let view = try? open(session) else { return .ended }
             if session.version > knownVersion, !needsRefresh(view, now: Date()) { return .fresh(view) }
+            // The lease outlasts the longest refresh this instance may make: three attempts and their backoff.
+            let timeout = upstreams[session.upstream]?.settings.timeout.inSeconds ?? 10
             let leased: Bool
             do {
                 leased = try await store.acquireRefreshLease(sessionID: sessionID, owner: instanceID,
-                                                              until: Date().addingTimeInterval(15), now: Date())
+                                                              until: Date().addingTimeInterval(max(15, 3 * timeout + 2)), now: Date())
             } catch { return .unavailable }
             guard leased else {
                 // Another instance is refreshing this session: wait for its result, not a second refresh.
@@ -125,32 +127,25 @@ public final class SessionServices: Sendable {
 
     private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
         guard let upstream = upstreams[session.upstream], let refreshToken = view.tokens.refreshToken else {
-            try? await store.revokeSession(id: session.id, now: Date())
+            _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: Date())
             return .ended
         }
-        var attempt = 0
-        while true {
-            do {
-                let fresh = try await upstream.refresh(refreshToken.reveal(), scope: nil)
-                let merged = try Self.merge(fresh.json, keepingRefreshTokenOf: view.tokens.json)
-                let (keyID, sealed) = try settings.keyRing.seal(merged, associatedData: session.id)
-                let expiresAt = fresh.expiresIn.map { Date().addingTimeInterval(Double($0)) }
-                guard try await store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
-                                                          sealed: sealed, upstreamExpiresAt: expiresAt) else {
-                    // Fenced: a newer write exists (this lease had expired). Use what is stored.
-                    guard let stored = try await store.session(id: session.id), let storedView = try? open(stored) else { return .ended }
+        // 1. Ask the upstream. Only answers that spent nothing (no answer, 5xx, 429) are retried.
+        var fresh: UpstreamTokenResponse?
+        for attempt in 1...3 {
+            do throws(OAuthError) {
+                fresh = try await upstream.refresh(refreshToken.reveal(), scope: nil)
+                break
+            } catch where error.code == "invalid_grant" {
+                // A newer version means another instance refreshed after our lease ran out: its result stands.
+                if let stored = try? await store.session(id: session.id), stored.version > session.version,
+                   stored.isLive(at: Date()), let storedView = try? open(stored) {
                     return .fresh(storedView)
                 }
-                logger.info("upstream tokens refreshed", metadata: ["upstream": .string(session.upstream)])
-                return .fresh(SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
-                                          version: session.version + 1, tokens: try UpstreamTokenResponse(body: merged),
-                                          upstreamExpiresAt: expiresAt))
-            } catch let error as OAuthError where error.code == "invalid_grant" {
                 logger.notice("upstream refused the session's refresh token; session ended", metadata: ["upstream": .string(session.upstream)])
-                try? await store.revokeSession(id: session.id, now: Date())
+                _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: Date())
                 return .ended
             } catch {
-                attempt += 1
                 guard attempt < 3 else {
                     logger.warning("upstream refresh failed; session kept", metadata: ["upstream": .string(session.upstream)])
                     try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
@@ -160,6 +155,42 @@ public final class SessionServices: Sendable {
                 try? await Task.sleep(for: .milliseconds(100 * (attempt * 2 - 1) + Int.random(in: 0..<100)))
             }
         }
+        guard let fresh, let merged = try? Self.merge(fresh.json, keepingRefreshTokenOf: view.tokens.json),
+              let tokens = try? UpstreamTokenResponse(body: merged),
+              let (keyID, sealed) = try? settings.keyRing.seal(merged, associatedData: session.id) else {
+            try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
+            return .unavailable
+        }
+        // 2. The upstream has spent the old refresh token: never ask it again; store the new pair.
+        let expiresAt = fresh.expiresIn.map { Date().addingTimeInterval(Double($0)) }
+        let refreshed = SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
+                                    version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt)
+        for attempt in 1...3 {
+            if let written = try? await store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
+                                                                  sealed: sealed, upstreamExpiresAt: expiresAt) {
+                if written {
+                    logger.info("upstream tokens refreshed", metadata: ["upstream": .string(session.upstream)])
+                    return .fresh(refreshed)
+                }
+                // Fenced: a newer write exists. Use it when it is live and current; else this request keeps ours.
+                if let stored = try? await store.session(id: session.id), stored.isLive(at: Date()),
+                   let storedView = try? open(stored), !needsRefresh(storedView, now: Date()) {
+                    return .fresh(storedView)
+                }
+                return stored(refreshed, persisted: false)
+            }
+            try? await Task.sleep(for: .milliseconds(200 * attempt))
+        }
+        return stored(refreshed, persisted: false)
+    }
+
+    /// The refreshed tokens this request uses even though the store did not take them.
+    private func stored(_ view: SessionView, persisted: Bool) -> RefreshOutcome {
+        if !persisted {
+            logger.error("refreshed upstream tokens could not be stored; the session may need a new sign-in",
+                         metadata: ["upstream": .string(view.upstream)])
+        }
+        return .fresh(view)
     }
 
     /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old one.

@@ -189,6 +189,23 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
         try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
     }
 
+    public func revokeSession(id: String, ifVersion version: Int, now: Date) async throws -> Bool {
+        let ended = try await count(query(
+            "UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND version = \(version) AND revoked_at IS NULL RETURNING 1",
+            logger: logger)) > 0
+        if ended { try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger) }
+        return ended
+    }
+
+    public func rewrapSession(id: String, expectedVersion: Int, fromKeyID: String, keyID: String, sealed: Data, now: Date) async throws -> Bool {
+        try await count(query(
+            """
+            UPDATE sessions SET key_id = \(keyID), sealed_tokens = \(sealed)
+            WHERE id = \(id) AND version = \(expectedVersion) AND key_id = \(fromKeyID)
+              AND (lease_until IS NULL OR lease_until <= \(ms(now))) RETURNING 1
+            """, logger: logger)) > 0
+    }
+
     public func acquireRefreshLease(sessionID: String, owner: String, until: Date, now: Date) async throws -> Bool {
         try await count(query(
             """

@@ -112,6 +112,26 @@ extension SQLiteAuthorizationStore: SessionStore {
         _ = try await connection.query("DELETE FROM access_tokens WHERE session_id = ?", [.text(id)])
     }
 
+    public func revokeSession(id: String, ifVersion version: Int, now: Date) async throws -> Bool {
+        let rows = try await connection.query(
+            "UPDATE sessions SET revoked_at = ? WHERE id = ? AND version = ? AND revoked_at IS NULL RETURNING 1",
+            [.integer(Self.milliseconds(now)), .text(id), .integer(version)])
+        guard !rows.isEmpty else { return false }
+        _ = try await connection.query("DELETE FROM access_tokens WHERE session_id = ?", [.text(id)])
+        return true
+    }
+
+    public func rewrapSession(id: String, expectedVersion: Int, fromKeyID: String, keyID: String, sealed: Data, now: Date) async throws -> Bool {
+        let rows = try await connection.query(
+            """
+            UPDATE sessions SET key_id = ?, sealed_tokens = ?
+            WHERE id = ? AND version = ? AND key_id = ? AND (lease_until IS NULL OR lease_until <= ?) RETURNING 1
+            """,
+            [.text(keyID), .blob(ByteBuffer(bytes: sealed)), .text(id), .integer(expectedVersion), .text(fromKeyID),
+             .integer(Self.milliseconds(now))])
+        return !rows.isEmpty
+    }
+
     public func acquireRefreshLease(sessionID: String, owner: String, until: Date, now: Date) async throws -> Bool {
         let rows = try await connection.query(
             """
