@@ -69,7 +69,7 @@ public enum GatehouseApplication {
         var postgres: PostgresStore?
         var sqlite: SQLiteAuthorizationStore?
         if let settings = configuration.store.postgres {
-            let client = PostgresStore.makeClient(settings, logger: logger)
+            let client = try PostgresStore.makeClient(settings, logger: logger)
             postgres = PostgresStore(client: client, logger: logger)
             store = postgres!
             storeServices.append(client)

@@ -95,3 +95,15 @@ extension ConfigurationTests {
         }
     }
 }
+
+extension ConfigurationTests {
+    @Test(arguments: [("127.0.0.1", PostgresSettings.PostgresTLS.disable), ("db.internal.example", .require)])
+    func postgresTLSIsRequiredOffThisMachine(host: String, expected: PostgresSettings.PostgresTLS) throws {
+        guard case .mapping(var entries, let line) = Self.document() else { return }
+        entries[1] = (key: "store", value: Self.map([("postgres", Self.map([
+            ("host", Self.scalar(host)), ("database", Self.scalar("gatehouse")), ("username", Self.scalar("gatehouse")),
+        ]))]))
+        let configuration = try GatehouseConfiguration.decode(.mapping(entries, line: line), secrets: Self.secrets)
+        #expect(configuration.store.postgres?.tls == expected)
+    }
+}

@@ -132,9 +132,14 @@ extension GatehouseConfiguration {
             }
         }
         let pool = map.integer("pool_size", in: 1...500) ?? 16
+        // TLS is required unless the database is on this machine (a loopback host).
+        let loopback = ["127.0.0.1", "::1", "localhost"].contains(host ?? "")
+        let tls = map.choice("tls", default: loopback ? PostgresSettings.PostgresTLS.disable : .require)
+        let caFile = map.string("ca_file")
         map.finish()
         guard let host, let database, let username else { return nil }
-        return PostgresSettings(host: host, port: port, database: database, username: username, password: password, poolSize: pool)
+        return PostgresSettings(host: host, port: port, database: database, username: username, password: password, poolSize: pool,
+                                tls: tls, caFile: caFile)
     }
 
     private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup) -> UpstreamSettings? {

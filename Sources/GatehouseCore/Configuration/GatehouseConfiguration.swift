@@ -84,8 +84,17 @@ public struct PostgresSettings: Sendable {
     public var username: String
     public var password: Secret?
     public var poolSize: Int
+    /// TLS toward the database: `disable`, or `require` (certificate and host name verified).
+    public var tls: PostgresTLS
+    /// PEM file of the CA that signed the server's certificate (default: the system's roots).
+    public var caFile: String?
 
-    public init(host: String, port: Int = 5432, database: String, username: String, password: Secret?, poolSize: Int = 16) {
+    public enum PostgresTLS: String, Sendable, CaseIterable { case disable, require }
+
+    public init(host: String, port: Int = 5432, database: String, username: String, password: Secret?, poolSize: Int = 16,
+                tls: PostgresTLS = .require, caFile: String? = nil) {
+        self.tls = tls
+        self.caFile = caFile
         self.host = host
         self.port = port
         self.database = database

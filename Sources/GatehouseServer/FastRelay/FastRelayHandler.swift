@@ -140,11 +140,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         retried = false
         responseStarted = false
         started = .now()
-        let (seconds, attoseconds) = plan.route.timeout.components
-        timeout = context.eventLoop.scheduleTask(in: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)) { [weak self] in
-            guard let self, self.exchangeID == exchange else { return }
-            self.timedOut()
-        }
+        armTimer(plan, context: context)
         if let idle = pool.idleConnection(to: plan.backend, on: context.eventLoop) {
             backend = idle
             reused = true
@@ -170,7 +166,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     func backendResponseHead(_ head: HTTPResponseHead) {
         guard let context, let plan = current else { return }
         responseStarted = true
-        timeout?.cancel()
+        armTimer(plan, context: context)  // from now on: the longest silence allowed within the body
         var head = head
         let connectionValues = head.headers["connection"]
         if !connectionValues.isEmpty {
@@ -185,7 +181,8 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     }
 
     func backendResponseBody(_ buffer: ByteBuffer) {
-        guard let context, current != nil else { return }
+        guard let context, let plan = current else { return }
+        armTimer(plan, context: context)
         context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         if !context.channel.isWritable {
             // Stop reading the backend first: the flush below may make the channel writable
@@ -202,6 +199,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     func backendResponseEnd(reusable: Bool) {
         guard let context, let plan = current else { return }
+        timeout?.cancel()
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         backend?.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
         backend?.handler.release(reusable: reusable)
@@ -242,11 +240,25 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         answerProblem(.backendUnavailable())
     }
 
+    /// The route's timeout: until the answer's head, then between two parts of its body
+    /// (a backend that sends a head and falls silent must not hold two connections forever).
+    private func armTimer(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
+        timeout?.cancel()
+        let exchange = exchangeID
+        timeout = context.eventLoop.scheduleTask(in: .nanoseconds(plan.route.timeout.inNanoseconds)) { [weak self] in
+            guard let self, self.exchangeID == exchange else { return }
+            self.timedOut()
+        }
+    }
+
     private func timedOut() {
-        guard current != nil, !responseStarted else { return }
+        guard current != nil else { return }
         backend?.handler.release(reusable: false)
         backend = nil
-        answerProblem(.backendTimeout())
+        guard responseStarted else { return answerProblem(.backendTimeout()) }
+        // The answer has begun and stalled: neither connection can be reused.
+        current = nil
+        context?.close(promise: nil)
     }
 
     private var responseStatusForLog = 0

@@ -2,6 +2,7 @@ public import Foundation
 public import GatehouseCore
 public import Logging
 import NIOCore
+import NIOSSL
 public import PostgresNIO
 
 /// The shared store for several Gatehouse instances behind a load balancer: PostgreSQL
@@ -19,10 +20,20 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     }
 
     /// Client settings from Gatehouse's configuration.
-    public static func makeClient(_ settings: PostgresSettings, logger: Logger) -> PostgresClient {
+    public static func makeClient(_ settings: PostgresSettings, logger: Logger) throws -> PostgresClient {
+        let tls: PostgresClient.Configuration.TLS
+        switch settings.tls {
+        case .disable:
+            tls = .disable
+        case .require:
+            // Full verification: the certificate chain and the host name.
+            var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
+            if let caFile = settings.caFile { tlsConfiguration.trustRoots = .file(caFile) }
+            tls = .require(tlsConfiguration)
+        }
         var configuration = PostgresClient.Configuration(
             host: settings.host, port: settings.port, username: settings.username, password: settings.password?.reveal(),
-            database: settings.database, tls: .disable)
+            database: settings.database, tls: tls)
         configuration.options.maximumConnections = settings.poolSize
         configuration.options.connectionIdleTimeout = .seconds(60)
         return PostgresClient(configuration: configuration, backgroundLogger: logger)
