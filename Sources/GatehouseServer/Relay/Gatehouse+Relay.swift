@@ -34,6 +34,7 @@ extension Gatehouse {
         // what the identity service is asked about and what the backend may receive.
         var upstreamToken = token
         var sealed = false
+        var sealedView: SessionServices.SessionView?
         if token.hasPrefix(SessionServices.refreshPrefix) {
             // A Gatehouse refresh token is never a bearer token, and never leaves Gatehouse.
             return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
@@ -44,6 +45,7 @@ extension Gatehouse {
             case .fresh(let view) where view.upstream == route.upstream:
                 upstreamToken = view.tokens.accessToken.reveal()
                 sealed = true
+                sealedView = view
             case .fresh, .ended:
                 return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
             case .unavailable:
@@ -52,10 +54,22 @@ extension Gatehouse {
                 return response
             }
         }
-        let resolution: IdentityResolution
+        var resolution: IdentityResolution
         do {
             resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                        negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+            if resolution == .inactive, let sessions, let view = sealedView, view.upstreamExpiresAt == nil {
+                // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
+                // refresh once now rather than send the app to sign in again.
+                guard case .fresh(let refreshed) = await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version,
+                                                                          upstreams: upstreams) else {
+                    return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+                }
+                sessions.views.dropSession(view.sessionID)
+                upstreamToken = refreshed.tokens.accessToken.reveal()
+                resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
+                                                           negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+            }
         } catch {
             logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
             var response = Response.problem(.identityUnavailable(), for: request)
