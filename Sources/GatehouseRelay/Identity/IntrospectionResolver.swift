@@ -2,6 +2,7 @@ public import AsyncHTTPClient
 import Foundation
 import NIOHTTP1
 public import GatehouseCore
+import GatehouseUpstreams
 import NIOCore
 
 /// RFC 7662 token introspection, authenticated with the upstream's own client credentials.
@@ -19,19 +20,7 @@ public struct IntrospectionResolver: IdentityResolver {
     }
 
     public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
-        var request = HTTPClientRequest(url: settings.url)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        request.headers.add(name: "Accept", value: "application/json")
-        var form = [("token", token), ("token_type_hint", "access_token")]
-        switch upstream.clientAuthentication {
-        case .clientSecretBasic:
-            let pair = FormParameters.encode(upstream.clientID) + ":" + FormParameters.encode(upstream.clientSecret.reveal())
-            request.headers.add(name: "Authorization", value: "Basic " + Data(pair.utf8).base64EncodedString())
-        case .clientSecretPost:
-            form += [("client_id", upstream.clientID), ("client_secret", upstream.clientSecret.reveal())]
-        }
-        request.body = .bytes(ByteBuffer(string: form.map { "\($0.0)=\(FormParameters.encode($0.1))" }.joined(separator: "&")))
+        let request = upstream.authenticatedForm(url: settings.url, [("token", token), ("token_type_hint", "access_token")])
         let (status, body) = try await IdentityHTTP.send(request, timeout: settings.timeout, client: client)
         guard status == 200 else {
             // The introspection endpoint refusing Gatehouse says nothing about the app's token.

@@ -47,7 +47,7 @@ public struct OAuth2Upstream: UpstreamClient {
 
     public func revoke(_ token: String, hint: String) async {
         guard let endpoint = settings.revocationEndpoint else { return }
-        let request = authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
+        let request = settings.authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
         do {
             let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.inNanoseconds))
             _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
@@ -59,29 +59,8 @@ public struct OAuth2Upstream: UpstreamClient {
         }
     }
 
-    /// A form POST carrying Gatehouse's client credentials as the upstream wants them.
-    private func authenticatedForm(url: String, _ parameters: [(String, String)]) -> HTTPClientRequest {
-        var form = parameters
-        var request = HTTPClientRequest(url: url)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        request.headers.add(name: "Accept", value: "application/json")
-        switch settings.clientAuthentication {
-        case .clientSecretBasic:
-            // RFC 6749 §2.3.1: both parts are form-encoded before they are joined.
-            let pair = FormParameters.encode(settings.clientID) + ":" + FormParameters.encode(settings.clientSecret.reveal())
-            request.headers.add(name: "Authorization", value: "Basic " + Data(pair.utf8).base64EncodedString())
-        case .clientSecretPost:
-            form.append(("client_id", settings.clientID))
-            form.append(("client_secret", settings.clientSecret.reveal()))
-        }
-        let body = form.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
-        request.body = .bytes(ByteBuffer(string: body))
-        return request
-    }
-
     private func tokenRequest(_ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
-        let request = authenticatedForm(url: settings.tokenEndpoint, parameters)
+        let request = settings.authenticatedForm(url: settings.tokenEndpoint, parameters)
         let status: HTTPResponseStatus
         let bytes: ByteBuffer
         do {
