@@ -105,7 +105,7 @@ struct FastRelayPlanner: Sendable {
         var headers = HTTPHeaders()
         headers.reserveCapacity(fields.count + 8)
         headers.add(name: "Host", value: backend.port == 80 ? backend.host : "\(backend.host):\(backend.port)")
-        for (name, value) in fields where policy.forwardsRequestHeader(anyCase: name, connectionTokens: connectionTokens) {
+        for (name, value) in fields where policy.forwardsRequestHeader(name, connectionTokens: connectionTokens) {
             if sealed, RelayHeaderPolicy.equalsIgnoringASCIICase(name, Self.authorization) { continue }
             headers.add(name: name, value: value)
         }
@@ -115,18 +115,7 @@ struct FastRelayPlanner: Sendable {
         for header in route.identityHeaders {
             if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Gatehouse.headerSafe(value)) }
         }
-        let host = relay.forwardedHost
-        if let remoteAddress {
-            headers.add(name: "X-Forwarded-For", value: remoteAddress)
-            let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
-            headers.add(name: "Forwarded", value: "for=\(node);proto=\(relay.forwardedProto);host=\"\(host)\"")
-        } else {
-            headers.add(name: "Forwarded", value: "proto=\(relay.forwardedProto);host=\"\(host)\"")
-        }
-        headers.add(name: "X-Forwarded-Proto", value: relay.forwardedProto)
-        headers.add(name: "X-Forwarded-Host", value: host)
-        headers.add(name: "X-Request-Id", value: requestID)
-        headers.add(name: "Via", value: "1.1 gatehouse")
+        relay.addForwardingHeaders(to: &headers, remoteAddress: remoteAddress, requestID: requestID)
         let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
         let uri = backend.basePath + rest + target[pathEnd...]
         let head = HTTPRequestHead(version: .http1_1, method: request.method, uri: uri, headers: headers)

@@ -141,7 +141,7 @@ extension Gatehouse {
         let policy = RelayHeaderPolicy(route: route, allIdentityHeaders: relay.identityHeaderNames)
         let connectionValues = request.headers[values: .connection]
         let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
-        for field in request.headers where policy.forwardsRequestHeader(field.name.canonicalName, connectionTokens: connectionTokens) {
+        for field in request.headers where policy.forwardsRequestHeader(field.name.rawName, connectionTokens: connectionTokens) {
             if sealedUpstreamToken != nil, field.name == .authorization { continue }
             outbound.headers.add(name: field.name.rawName, value: field.value)
         }
@@ -157,7 +157,7 @@ extension Gatehouse {
         if route.authorization == .assertion, let signer = relay.signer {
             outbound.headers.add(name: "Authorization", value: "Bearer " + (try await signer.assertion(for: identity, audience: route.backend)))
         }
-        addForwardingHeaders(to: &outbound.headers, context: context)
+        relay.addForwardingHeaders(to: &outbound.headers, remoteAddress: context.remoteAddress, requestID: context.requestID)
 
         if let contentLength, contentLength == 0 {
             return outbound
@@ -170,22 +170,6 @@ extension Gatehouse {
             outbound.body = .stream(body, length: contentLength.map { .known(Int64($0)) } ?? .unknown)
         }
         return outbound
-    }
-
-    private func addForwardingHeaders(to headers: inout HTTPHeaders, context: GatehouseRequestContext) {
-        let proto = relay?.forwardedProto ?? "http"
-        let host = relay?.forwardedHost ?? ""
-        if let address = context.remoteAddress {
-            headers.add(name: "X-Forwarded-For", value: address)
-            let node = address.contains(":") ? "\"[\(address)]\"" : address
-            headers.add(name: "Forwarded", value: "for=\(node);proto=\(proto);host=\"\(host)\"")
-        } else {
-            headers.add(name: "Forwarded", value: "proto=\(proto);host=\"\(host)\"")
-        }
-        headers.add(name: "X-Forwarded-Proto", value: proto)
-        headers.add(name: "X-Forwarded-Host", value: host)
-        headers.add(name: "X-Request-Id", value: context.requestID)
-        headers.add(name: "Via", value: "1.1 gatehouse")
     }
 
     private static func inboundResponse(_ response: HTTPClientResponse, isHead: Bool) async throws -> Response {

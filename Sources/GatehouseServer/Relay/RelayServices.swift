@@ -2,6 +2,7 @@ public import AsyncHTTPClient
 public import GatehouseCore
 public import GatehouseRelay
 import NIOCore
+import NIOHTTP1
 
 /// What the resource relay needs beside the configuration: the identity cache, one resolver
 /// per upstream with an identity service, the HTTP client toward backends and, for routes
@@ -27,6 +28,21 @@ public struct RelayServices: Sendable {
         let base = configuration.server.publicBaseURL
         self.forwardedProto = base.hasPrefix("https://") ? "https" : "http"
         self.forwardedHost = base.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
+    }
+
+    /// `Forwarded` (RFC 7239), `X-Forwarded-*`, `X-Request-Id` and `Via`, as both relay paths set them.
+    func addForwardingHeaders(to headers: inout HTTPHeaders, remoteAddress: String?, requestID: String) {
+        if let remoteAddress {
+            headers.add(name: "X-Forwarded-For", value: remoteAddress)
+            let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
+            headers.add(name: "Forwarded", value: "for=\(node);proto=\(forwardedProto);host=\"\(forwardedHost)\"")
+        } else {
+            headers.add(name: "Forwarded", value: "proto=\(forwardedProto);host=\"\(forwardedHost)\"")
+        }
+        headers.add(name: "X-Forwarded-Proto", value: forwardedProto)
+        headers.add(name: "X-Forwarded-Host", value: forwardedHost)
+        headers.add(name: "X-Request-Id", value: requestID)
+        headers.add(name: "Via", value: "1.1 gatehouse")
     }
 
     /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression.
