@@ -40,10 +40,10 @@ struct RelayRulesTests {
     @Test func underscoreVariantsOfIdentityHeadersNeverCross() {
         let policy = RelayHeaderPolicy(route: Self.route, allIdentityHeaders: [])
         for name in ["X_BPId", "x_bpid", "X-BPId"] {
-            #expect(!policy.forwardsRequestHeader(anyCase: name, connectionTokens: []), "\(name)")
+            #expect(!policy.forwardsRequestHeader(name, connectionTokens: []), "\(name)")
             #expect(!policy.forwardsRequestHeader(name.lowercased(), connectionTokens: []), "\(name)")
         }
-        #expect(!policy.forwardsRequestHeader(anyCase: "Transfer_Encoding", connectionTokens: []))
+        #expect(!policy.forwardsRequestHeader("Transfer_Encoding", connectionTokens: []))
     }
 
     @Test func passthroughKeepsTheAuthorizationHeader() {

@@ -25,26 +25,20 @@ public struct RelayHeaderPolicy: Sendable {
         self.identityHeaderBytes = identityHeaders.map { Array($0.utf8) }
     }
 
-    /// `forwardsRequestHeader` for a name in any case, without allocating (the fast path).
-    public func forwardsRequestHeader(anyCase name: String, connectionTokens: Set<String>) -> Bool {
+    /// Whether a request header from the app goes on to the backend. `name` may be in any case
+    /// and `_` counts as `-`; the common case allocates nothing (both relay paths call this).
+    /// - Parameter connectionTokens: the lower-cased names listed in the request's `Connection` header.
+    public func forwardsRequestHeader(_ name: String, connectionTokens: Set<String>) -> Bool {
         if Self.isHopByHop(name) || Self.isSetByGatehouse(name) { return false }
         if identityHeaderBytes.contains(where: { Self.equalsIgnoringASCIICase(name, $0) }) { return false }
         if Self.equalsIgnoringASCIICase(name, Self.authorizationBytes) { return authorization == .passthrough }
-        if !connectionTokens.isEmpty, connectionTokens.contains(name.lowercased()) { return false }
+        if !connectionTokens.isEmpty, connectionTokens.contains(name.lowercased().replacingOccurrences(of: "_", with: "-")) {
+            return false
+        }
         return true
     }
 
     private static let authorizationBytes = Array("authorization".utf8)
-
-    /// Whether a request header from the app goes on to the backend.
-    /// - Parameter connectionTokens: the lower-cased names listed in the request's `Connection` header.
-    public func forwardsRequestHeader(_ lowercasedName: String, connectionTokens: Set<String>) -> Bool {
-        let lowercasedName = lowercasedName.contains("_") ? lowercasedName.replacingOccurrences(of: "_", with: "-") : lowercasedName
-        if Self.hopByHop.contains(lowercasedName) || Self.setByGatehouse.contains(lowercasedName) { return false }
-        if connectionTokens.contains(lowercasedName) || identityHeaders.contains(lowercasedName) { return false }
-        if lowercasedName == "authorization" { return authorization == .passthrough }
-        return true
-    }
 
     /// Whether a response header from the backend goes back to the app.
     public static func forwardsResponseHeader(_ lowercasedName: String, connectionTokens: Set<String>) -> Bool {
