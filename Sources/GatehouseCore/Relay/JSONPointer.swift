@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// An RFC 6901 JSON Pointer (`/personalInformation/bpId`, `/roles/0`), evaluated over the
 /// values `JSONSerialization` produces.

@@ -147,7 +147,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             idle.handler.send(plan.head, delegate: self)
             return
         }
-        pool.connection(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
+        pool.connection(to: plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
             guard let self, self.current != nil, self.exchangeID == exchange else {
                 if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
                 return
@@ -204,7 +204,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         backend?.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
         backend?.handler.release(reusable: reusable)
         backend = nil
-        finish(plan, status: responseStatusForLog)
+        finish(plan)
     }
 
     func backendFailed(_ error: any Error, beforeHead: Bool) {
@@ -221,7 +221,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             // A pooled connection the backend had closed: GET and HEAD are safe to send again.
             retried = true
             let exchange = exchangeID
-            pool.connect(to: plan.backend, on: context.eventLoop).whenComplete { [weak self] result in
+            pool.connect(to: plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
                 guard let self, self.current != nil, self.exchangeID == exchange else {
                     if case .success(let connection) = result { connection.handler.release(reusable: true) }
                     return
@@ -245,7 +245,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private func armTimer(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
         timeout?.cancel()
         let exchange = exchangeID
-        timeout = context.eventLoop.scheduleTask(in: .nanoseconds(plan.route.timeout.inNanoseconds)) { [weak self] in
+        timeout = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(plan.route.timeout.inNanoseconds)) { [weak self] in
             guard let self, self.exchangeID == exchange else { return }
             self.timedOut()
         }
@@ -261,8 +261,6 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         context?.close(promise: nil)
     }
 
-    private var responseStatusForLog = 0
-
     private func answerProblem(_ problem: GatehouseProblem) {
         guard let context, let plan = current else { return }
         timeout?.cancel()
@@ -276,10 +274,10 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
-        finish(plan, status: problem.status)
+        finish(plan)
     }
 
-    private func finish(_ plan: FastRelayPlan, status: Int) {
+    private func finish(_ plan: FastRelayPlan) {
         current = nil
         if logger.logLevel <= .info {
             let elapsed = Double((NIODeadline.now() - started).nanoseconds) / 1_000_000

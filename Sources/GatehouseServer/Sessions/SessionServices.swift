@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 public import GatehouseCore
 import GatehouseUpstreams
 public import Logging
@@ -177,19 +177,17 @@ public final class SessionServices: Sendable {
                    let storedView = try? open(stored), !needsRefresh(storedView, now: Date()) {
                     return .fresh(storedView)
                 }
-                return stored(refreshed, persisted: false)
+                return unstored(refreshed)
             }
             try? await Task.sleep(for: .milliseconds(200 * attempt))
         }
-        return stored(refreshed, persisted: false)
+        return unstored(refreshed)
     }
 
     /// The refreshed tokens this request uses even though the store did not take them.
-    private func stored(_ view: SessionView, persisted: Bool) -> RefreshOutcome {
-        if !persisted {
-            logger.error("refreshed upstream tokens could not be stored; the session may need a new sign-in",
-                         metadata: ["upstream": .string(view.upstream)])
-        }
+    private func unstored(_ view: SessionView) -> RefreshOutcome {
+        logger.error("refreshed upstream tokens could not be stored; the session may need a new sign-in",
+                     metadata: ["upstream": .string(view.upstream)])
         return .fresh(view)
     }
 
