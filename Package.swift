@@ -117,7 +117,7 @@ let package = Package(
         ),
         .testTarget(
             name: "GatehouseRelayTests",
-            dependencies: ["GatehouseRelay", "GatehouseCore"],
+            dependencies: ["GatehouseRelay", "GatehouseCore", .product(name: "NIOHTTP1", package: "swift-nio")],
             swiftSettings: upcoming
         ),
         .testTarget(
@@ -133,6 +133,8 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: upcoming

@@ -28,7 +28,7 @@ public enum GatehouseApplication {
     /// The router with every endpoint; in-process tests drive it directly.
     public static func router(for gatehouse: Gatehouse) -> Router<GatehouseRequestContext> {
         let router = Router(context: GatehouseRequestContext.self)
-        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: routes))
+        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: routes, configuration: gatehouse.configuration))
         router.add(middleware: RelayMiddleware(gatehouse: gatehouse))
         router.get("/.well-known/oauth-authorization-server") { _, _ in gatehouse.metadata() }
         router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
@@ -89,12 +89,18 @@ public enum GatehouseApplication {
              pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
                                          connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds)))
         }
+        let limiter = ConnectionLimiter(maximum: configuration.server.maximumConnections)
+        let headerReadTimeout = TimeAmount.nanoseconds(configuration.server.headerReadTimeout.inNanoseconds)
+        let idleTimeout = TimeAmount.nanoseconds(configuration.server.idleTimeout.inNanoseconds)
         var app = Application(
             router: router(for: gatehouse),
-            server: .http1(configuration: .init(additionalChannelHandlers: fastPath.map {
-                let (planner, pool) = $0
-                return [FastRelayInstaller { FastRelayHandler(planner: planner, pool: pool, logger: logger) }]
-            } ?? [])),
+            server: .http1(configuration: .init(additionalChannelHandlers: [
+                EdgeInstaller(limiter: limiter,
+                              edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, idleTimeout: idleTimeout, logger: logger) },
+                              fastPath: fastPath.map { fastPath in
+                                  { FastRelayHandler(planner: fastPath.planner, pool: fastPath.pool, logger: logger) }
+                              }),
+            ])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
             services: storeServices + [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]

@@ -8,9 +8,19 @@ public struct GatehouseRequestContext: RequestContext {
     /// The peer's IP address; `nil` when the transport has none (in-process tests).
     public let remoteAddress: String?
     public var requestID: String = ""
+    /// The client's own `X-Request-Id`, when plain: relayed as `X-Client-Request-Id`, logged.
+    public var clientRequestID: String?
+    /// The client connection, for `100 Continue` (sent by the connection's edge).
+    let channel: any Channel
 
     public init(source: ApplicationRequestContextSource) {
         self.coreContext = .init(source: source)
         self.remoteAddress = source.channel.remoteAddress?.ipAddress
+        self.channel = source.channel
+    }
+
+    /// Asks for `100 Continue` when the request expects it (RFC 9110 §10.1.1), before its body is read.
+    func sendContinue() async {
+        try? await channel.triggerUserOutboundEvent(SendContinue()).get()
     }
 }

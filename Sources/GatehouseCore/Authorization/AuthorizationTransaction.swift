@@ -32,3 +32,16 @@ public struct AuthorizationTransaction: Sendable, Codable, Equatable {
 }
 
 extension UpstreamWiring: Codable {}
+
+extension AuthorizationTransaction {
+    /// The store key of a transaction: the SHA-256 of Gatehouse's `state`, namespaced by wiring,
+    /// so that only the endpoint of the transaction's own wiring can find (and so consume) it:
+    /// a relay-mode state shown to `/oauth/callback`, or a callback-mode state shown to
+    /// `/oauth/token`, is refused without burning the sign-in.
+    public static func storeKey(state: String, wiring: UpstreamWiring) -> String {
+        switch wiring {
+        case .callback: SecureToken.hash(state)
+        case .relay: "relay." + SecureToken.hash(state)
+        }
+    }
+}

@@ -88,6 +88,9 @@ extension GatehouseConfiguration {
         settings.maximumBodyBytes = map.integer("max_body_bytes", in: 1024...(1024 * 1024)) ?? settings.maximumBodyBytes
         settings.upstreamConnectTimeout = map.duration("upstream_connect_timeout", in: .milliseconds(10)...(.seconds(60)))
             ?? settings.upstreamConnectTimeout
+        settings.headerReadTimeout = map.duration("header_read_timeout", in: .milliseconds(100)...(.seconds(300))) ?? settings.headerReadTimeout
+        settings.idleTimeout = map.duration("idle_timeout", in: .milliseconds(100)...(.seconds(3600))) ?? settings.idleTimeout
+        settings.maximumConnections = map.integer("max_connections", in: 1...1_000_000) ?? settings.maximumConnections
         if let path = map.string("signing_key_file") {
             if let pem = try? secrets.readFile(path), pem.contains("PRIVATE KEY") {
                 settings.signingKey = Secret(pem)

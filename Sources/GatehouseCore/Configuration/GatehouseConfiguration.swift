@@ -44,6 +44,13 @@ public struct ServerSettings: Sendable {
     public var upstreamConnectTimeout: Duration
     /// The PEM of Gatehouse's ES256 signing key (`signing_key_file`); generated at start when absent.
     public var signingKey: Secret?
+    /// How long a client has to send a whole request head, from the connection's opening or
+    /// from the first byte after an idle keep-alive period (nginx `client_header_timeout`).
+    public var headerReadTimeout: Duration = .seconds(30)
+    /// How long a keep-alive connection may sit idle between requests (nginx `keepalive_timeout`).
+    public var idleTimeout: Duration = .seconds(75)
+    /// Open client connections per process; beyond, a new connection is answered 503 and closed.
+    public var maximumConnections: Int = 4096
 
     public init(publicBaseURL: String, host: String = "127.0.0.1", port: Int = 8080,
                 transactionLifetime: Duration = .seconds(600), codeLifetime: Duration = .seconds(60),

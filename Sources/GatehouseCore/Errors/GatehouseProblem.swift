@@ -15,6 +15,9 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
         case identityUnavailable = "identity_unavailable"
         case backendUnavailable = "backend_unavailable"
         case backendTimeout = "backend_timeout"
+        case expectationFailed = "expectation_failed"
+        case notImplemented = "not_implemented"
+        case overCapacity = "over_capacity"
     }
 
     private let base: Base
@@ -72,6 +75,18 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
     }
     public static func backendTimeout() -> Self {
         .init(.backendTimeout, status: 504, title: "Gateway timeout", detail: "The service behind this route did not answer in time.")
+    }
+    /// An `Expect` other than `100-continue` (RFC 9110 §10.1.1).
+    public static func expectationFailed() -> Self {
+        .init(.expectationFailed, status: 417, title: "Expectation failed", detail: "Gatehouse understands no expectation but 100-continue.")
+    }
+    /// A transfer coding Gatehouse does not implement (RFC 9112 §6.1).
+    public static func notImplemented(_ detail: String) -> Self {
+        .init(.notImplemented, status: 501, title: "Not implemented", detail: detail)
+    }
+    /// Every connection Gatehouse allows is in use; try again shortly.
+    public static func overCapacity() -> Self {
+        .init(.overCapacity, status: 503, title: "Service unavailable", detail: "Gatehouse is at its connection limit. Please try again shortly.")
     }
     public static func storeUnavailable() -> Self {
         .init(.storeUnavailable, status: 503, title: "Service unavailable",

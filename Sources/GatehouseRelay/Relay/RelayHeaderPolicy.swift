@@ -1,5 +1,6 @@
 import Foundation
 public import GatehouseCore
+public import NIOHTTP1
 
 /// Which headers cross Gatehouse, in each direction (RFC 9110 §7.6.1 and the route's rules).
 public struct RelayHeaderPolicy: Sendable {
@@ -8,28 +9,75 @@ public struct RelayHeaderPolicy: Sendable {
         "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
         "proxy-authenticate", "proxy-authorization",
     ]
-    /// Headers Gatehouse sets itself toward the backend; a client's copies are dropped, never merged.
-    public static let setByGatehouse: Set<String> = [
-        "host", "content-length", "forwarded", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
-        "x-forwarded-port", "x-real-ip", "x-request-id", "via", "expect",
+    /// Headers a client may never send a backend: the ones Gatehouse sets itself (`Host`,
+    /// `Content-Length`, `Via`, `X-Request-Id`, `X-Client-Request-Id`, the `Forwarded` family),
+    /// and every header that common frameworks and proxies read as the client's address, the
+    /// signed-in user, the original URL or the method (`X-Original-URL`, `True-Client-IP`,
+    /// `X-HTTP-Method-Override`…). Every `X-Forwarded-*` name is dropped too, whatever its suffix.
+    public static let neverFromClient: Set<String> = [
+        "host", "content-length", "expect", "via", "x-request-id", "x-client-request-id",
+        "forwarded", "x-forwarded", "x-real-ip", "x-original-url", "x-original-uri", "x-rewrite-url",
+        "true-client-ip", "x-client-ip", "client-ip", "cf-connecting-ip", "x-cluster-client-ip", "fastly-client-ip",
+        "x-originating-ip", "x-remote-ip", "x-remote-addr", "x-host", "x-original-host",
+        "x-http-method-override", "x-http-method", "x-method-override",
     ]
+    /// Any header whose name starts with this (`_` read as `-`) is dropped.
+    public static let forwardedPrefix = Array("x-forwarded-".utf8)
 
     /// Lower-cased identity header names of the route: a client can never send its own.
     public let identityHeaders: Set<String>
     public let authorization: BackendAuthorization
     private let identityHeaderBytes: [[UInt8]]
+    /// The route's own identity headers: name and source.
+    private let routeIdentityHeaders: [(name: String, source: String)]
 
     public init(route: RouteSettings, allIdentityHeaders: Set<String>) {
         self.identityHeaders = allIdentityHeaders.union(route.identityHeaders.map { $0.name.lowercased() })
         self.authorization = route.authorization
         self.identityHeaderBytes = identityHeaders.map { Array($0.utf8) }
+        self.routeIdentityHeaders = route.identityHeaders
     }
+
+    /// The head toward the backend, as both relay paths send it: the app's end-to-end headers
+    /// this policy lets through, the caller's identity headers, `authorization` (when set, in
+    /// place of the app's), then Gatehouse's forwarding headers. `host` leads when given.
+    public func outboundHeaders(from head: some RelayRequestHead, connectionTokens: Set<String>, identity: CallerIdentity,
+                                authorization: String?, host: String?, forwarding: RelayForwarding,
+                                remoteAddress: String?, requestID: String) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(16)
+        if let host { headers.add(name: "Host", value: host) }
+        var clientRequestID: String?
+        head.forEachField { name, value in
+            if clientRequestID == nil, Self.equalsIgnoringASCIICase(name, Self.requestIDBytes) {
+                clientRequestID = RelayForwarding.acceptableClientRequestID(value)
+            }
+            guard forwardsRequestHeader(name, connectionTokens: connectionTokens) else { return }
+            if authorization != nil, Self.equalsIgnoringASCIICase(name, Self.authorizationBytes) { return }
+            headers.add(name: name, value: value)
+        }
+        if let authorization { headers.add(name: "Authorization", value: "Bearer " + authorization) }
+        for header in routeIdentityHeaders {
+            if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Self.headerSafe(value)) }
+        }
+        forwarding.add(to: &headers, remoteAddress: remoteAddress, requestID: requestID, clientRequestID: clientRequestID)
+        return headers
+    }
+
+    /// Identity values come from another service: no control character may reach a header
+    /// (a CR or LF would split it), and no value is longer than 1 KiB.
+    public static func headerSafe(_ value: String) -> String {
+        if value.utf8.count <= 1024, value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7F }) { return value }
+        return String(String.UnicodeScalarView(value.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(1024)))
+    }
+
+    private static let requestIDBytes = Array("x-request-id".utf8)
 
     /// Whether a request header from the app goes on to the backend. `name` may be in any case
     /// and `_` counts as `-`; the common case allocates nothing (both relay paths call this).
     /// - Parameter connectionTokens: the lower-cased names listed in the request's `Connection` header.
     public func forwardsRequestHeader(_ name: String, connectionTokens: Set<String>) -> Bool {
-        if Self.isHopByHop(name) || Self.isSetByGatehouse(name) { return false }
+        if Self.isHopByHop(name) || Self.isNeverFromClient(name) { return false }
         if identityHeaderBytes.contains(where: { Self.equalsIgnoringASCIICase(name, $0) }) { return false }
         if Self.equalsIgnoringASCIICase(name, Self.authorizationBytes) { return authorization == .passthrough }
         if !connectionTokens.isEmpty, connectionTokens.contains(name.lowercased().replacingOccurrences(of: "_", with: "-")) {
@@ -64,9 +112,19 @@ public struct RelayHeaderPolicy: Sendable {
         hopByHopBytes.contains { equalsIgnoringASCIICase(name, $0) }
     }
 
-    /// Whether `name` (any case) is set by Gatehouse itself toward backends, without allocating.
-    public static func isSetByGatehouse(_ name: String) -> Bool {
-        setByGatehouseBytes.contains { equalsIgnoringASCIICase(name, $0) }
+    /// Whether `name` (any case, `_` read as `-`) is one a client may never send a backend.
+    public static func isNeverFromClient(_ name: String) -> Bool {
+        if hasForwardedPrefix(name) { return true }
+        return neverFromClientBytes.contains { equalsIgnoringASCIICase(name, $0) }
+    }
+
+    private static func hasForwardedPrefix(_ name: String) -> Bool {
+        let utf8 = name.utf8
+        guard utf8.count >= forwardedPrefix.count else { return false }
+        return zip(utf8, forwardedPrefix).allSatisfy { byte, expected in
+            let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
+            return folded == expected
+        }
     }
 
     /// Compares a header name to a lower-case ASCII name, ignoring the case of the first and
@@ -82,48 +140,5 @@ public struct RelayHeaderPolicy: Sendable {
     }
 
     private static let hopByHopBytes = hopByHop.map { Array($0.utf8) }
-    private static let setByGatehouseBytes = setByGatehouse.map { Array($0.utf8) }
-
-    /// A relayed path must not climb out of its prefix: no `.`/`..` segments, raw or percent-encoded,
-    /// no empty segments, no backslashes, no encoded slashes. One pass over the bytes.
-    public static func isSafe(path: String) -> Bool {
-        var segmentDots = 0       // dots (raw or %2e) in the current segment so far
-        var segmentOther = false  // anything else in the current segment
-        var previousSlash = false
-        let bytes = Array(path.utf8)
-        var index = 0
-        func segmentIsDots() -> Bool { !segmentOther && (segmentDots == 1 || segmentDots == 2) }
-        while index < bytes.count {
-            let byte = bytes[index]
-            switch byte {
-            case UInt8(ascii: "/"):
-                if previousSlash || segmentIsDots() { return false }
-                previousSlash = true
-                segmentDots = 0
-                segmentOther = false
-            case UInt8(ascii: "\\"):
-                return false
-            case UInt8(ascii: "%") where index + 2 < bytes.count:
-                let high = bytes[index + 1], low = bytes[index + 2] | 0x20
-                if high == UInt8(ascii: "2") && low == UInt8(ascii: "e") {
-                    segmentDots += 1
-                } else if (high == UInt8(ascii: "2") && low == UInt8(ascii: "f")) || (high == UInt8(ascii: "5") && low == UInt8(ascii: "c")) {
-                    return false
-                } else {
-                    segmentOther = true
-                }
-                previousSlash = false
-                index += 2
-            case UInt8(ascii: "."):
-                segmentDots += 1
-                previousSlash = false
-            default:
-                segmentOther = true
-                previousSlash = false
-            }
-            index += 1
-        }
-        return !segmentIsDots()
-    }
-
+    private static let neverFromClientBytes = neverFromClient.map { Array($0.utf8) }
 }

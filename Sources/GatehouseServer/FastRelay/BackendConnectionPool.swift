@@ -1,11 +1,22 @@
+import GatehouseRelay
 import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 
+/// Where the fast path gets backend connections (the pool below; a stand-in in tests).
+protocol BackendConnecting: Sendable {
+    /// An idle connection to `backend` on `eventLoop`, if there is one (no future, no allocation).
+    func idleConnection(to backend: RouteBackend, on eventLoop: any EventLoop) -> BackendConnection?
+    /// An idle connection to `backend` on `eventLoop`, or a new one. `reused` says which.
+    func connection(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<(BackendConnection, reused: Bool)>
+    /// A new connection.
+    func connect(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<BackendConnection>
+}
+
 /// Keep-alive connections to backends, one pool per event loop: a request is relayed on a
 /// connection of the loop that serves its client, so the whole exchange stays on one thread.
-final class BackendConnectionPool: Sendable {
+final class BackendConnectionPool: BackendConnecting {
     private let loops: [ObjectIdentifier: LoopPool]
     let connectTimeout: TimeAmount
 
@@ -19,12 +30,12 @@ final class BackendConnectionPool: Sendable {
     }
 
     /// An idle connection to `backend` on `eventLoop`, if there is one (no future, no allocation).
-    func idleConnection(to backend: BackendAddress, on eventLoop: any EventLoop) -> BackendConnection? {
+    func idleConnection(to backend: RouteBackend, on eventLoop: any EventLoop) -> BackendConnection? {
         loops[ObjectIdentifier(eventLoop)]?.takeIdle(backend.key)
     }
 
     /// An idle connection to `backend` on `eventLoop`, or a new one. `reused` says which.
-    func connection(to backend: BackendAddress, on eventLoop: any EventLoop) -> EventLoopFuture<(BackendConnection, reused: Bool)> {
+    func connection(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<(BackendConnection, reused: Bool)> {
         guard let pool = loops[ObjectIdentifier(eventLoop)] else {
             return eventLoop.makeFailedFuture(ChannelError.ioOnClosedChannel)
         }
@@ -34,14 +45,14 @@ final class BackendConnectionPool: Sendable {
         return connect(to: backend, pool: pool).map { ($0, reused: false) }
     }
 
-    func connect(to backend: BackendAddress, on eventLoop: any EventLoop) -> EventLoopFuture<BackendConnection> {
+    func connect(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<BackendConnection> {
         guard let pool = loops[ObjectIdentifier(eventLoop)] else {
             return eventLoop.makeFailedFuture(ChannelError.ioOnClosedChannel)
         }
         return connect(to: backend, pool: pool)
     }
 
-    private func connect(to backend: BackendAddress, pool: LoopPool) -> EventLoopFuture<BackendConnection> {
+    private func connect(to backend: RouteBackend, pool: LoopPool) -> EventLoopFuture<BackendConnection> {
         let key = backend.key
         return ClientBootstrap(group: pool.eventLoop)
             .connectTimeout(connectTimeout)

@@ -4,13 +4,19 @@ import GatehouseRelay
 import Logging
 import NIOCore
 import NIOHTTP1
-import NIOHTTPTypesHTTP1
 
-/// The relay's fast path, in the server's channel pipeline right after the HTTP/1.1 codec,
-/// in front of Hummingbird's conversion to HTTP types: a request `FastRelayPlanner` accepts (no body, cached identity that passes
-/// the rule, plain-http backend) is relayed on a pooled backend connection of the same event
-/// loop, with no task, no hop between threads and no copy of the body. Every other request
-/// goes on to Hummingbird unchanged, where the general relay handles it.
+/// Decides whether a request takes the fast path (`FastRelayPlanner`; a stand-in in tests).
+protocol FastRelayPlanning: Sendable {
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan?
+}
+
+extension FastRelayPlanner: FastRelayPlanning {}
+
+/// The relay's fast path, in the server's channel pipeline right after the connection's edge,
+/// in front of Hummingbird's conversion to HTTP types: a request the planner accepts (no body,
+/// cached identity that passes the rule, plain-http backend) is relayed on a pooled backend
+/// connection of the same event loop, with no task, no hop between threads and no copy of the
+/// body. Every other request goes on to Hummingbird unchanged, where the general relay handles it.
 ///
 /// Order is kept: a fast request starts only when Hummingbird owes no answer on this
 /// connection, and requests pipelined behind a fast one wait until it has been answered.
@@ -23,35 +29,62 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// Parts a pipelining client may send while a fast exchange runs; more closes the connection.
     static let maximumQueuedParts = 256
 
-    private let planner: FastRelayPlanner
-    private let pool: BackendConnectionPool
+    /// Where the parts of the request now arriving go.
+    enum Inbound: Equatable {
+        /// Between requests.
+        case idle
+        /// A request of Hummingbird's: its parts go on.
+        case general
+        /// The fast request's remaining parts (its `.end`): read and dropped.
+        case swallowing
+    }
+
+    /// One fast exchange. `id` tells a late callback of an earlier exchange (a connect that
+    /// finished after its 504) from the current one: such a callback never touches the current one.
+    struct Exchange {
+        let plan: FastRelayPlan
+        let id: Int
+        let started: NIODeadline
+        /// The connection came from the idle pool (the backend may have closed it meanwhile).
+        var reused = false
+        /// A failed reused connection was already replaced once.
+        var retried = false
+    }
+
+    /// The fast exchange, explicitly: which callbacks are expected in each state.
+    enum State {
+        case idle
+        /// Waiting for a backend connection.
+        case connecting(Exchange)
+        /// The request is sent; waiting for the answer's head.
+        case awaitingHead(Exchange, BackendConnection)
+        /// The answer's head went to the app; its body is being relayed.
+        case streaming(Exchange, BackendConnection, status: UInt)
+    }
+
+    private let planner: any FastRelayPlanning
+    private let pool: any BackendConnecting
     private let logger: Logger
     private var context: ChannelHandlerContext?
     private var remoteAddress: String?
 
+    private(set) var state: State = .idle
+    private(set) var inbound: Inbound = .idle
     /// Requests handed to Hummingbird whose answer has not ended yet.
-    private var generalOutstanding = 0
-    /// The inbound request now arriving belongs to Hummingbird.
-    private var forwardingInbound = false
-    /// The fast request's own remaining parts (its `.end`) are still to be read and dropped.
-    private var swallowingFastRequest = false
+    private(set) var generalOutstanding = 0
     private var queued = CircularBuffer<HTTPServerRequestPart>()
-
-    private var current: FastRelayPlan?
-    /// Tells a late callback of an earlier exchange (a connect that finished after its 504)
-    /// from the current one: such a callback must never touch the current exchange.
-    private var exchangeID = 0
-    private var backend: BackendConnection?
-    private var reused = false
-    private var retried = false
-    private var responseStarted = false
+    private var lastExchangeID = 0
     private var timeout: Scheduled<Void>?
-    private var started = NIODeadline.now()
 
-    init(planner: FastRelayPlanner, pool: BackendConnectionPool, logger: Logger) {
+    init(planner: any FastRelayPlanning, pool: any BackendConnecting, logger: Logger) {
         self.planner = planner
         self.pool = pool
         self.logger = logger
+    }
+
+    private var isExchanging: Bool {
+        if case .idle = state { return false }
+        return true
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -68,57 +101,52 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
-        if current != nil {
-            if swallowingFastRequest {
-                if case .end = part { swallowingFastRequest = false }
-                return
-            }
-            guard queued.count < Self.maximumQueuedParts else {
-                context.close(promise: nil)
-                return
-            }
-            queued.append(part)
+        guard isExchanging else { return process(part, context: context) }
+        if inbound == .swallowing {
+            if case .end = part { inbound = .idle }
             return
         }
-        process(part, context: context)
+        guard queued.count < Self.maximumQueuedParts else {
+            context.close(promise: nil)
+            return
+        }
+        queued.append(part)
     }
 
     private func process(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         switch part {
         case .head(let request):
-            if generalOutstanding == 0, !forwardingInbound, let plan = planner.plan(request, remoteAddress: remoteAddress) {
-                swallowingFastRequest = true
+            if generalOutstanding == 0, inbound != .general, let plan = planner.plan(request, remoteAddress: remoteAddress) {
+                inbound = .swallowing
                 start(plan, context: context)
             } else {
                 generalOutstanding += 1
-                forwardingInbound = true
+                inbound = .general
                 context.fireChannelRead(wrapInboundOut(part))
             }
         case .body:
-            if forwardingInbound { context.fireChannelRead(wrapInboundOut(part)) }
+            if inbound == .general { context.fireChannelRead(wrapInboundOut(part)) }
         case .end:
-            if forwardingInbound {
-                forwardingInbound = false
-                context.fireChannelRead(wrapInboundOut(part))
-            } else {
-                swallowingFastRequest = false
-            }
+            if inbound == .general { context.fireChannelRead(wrapInboundOut(part)) }
+            inbound = .idle
         }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        if current != nil {
-            timeout?.cancel()
-            backend?.handler.release(reusable: false)
-            backend = nil
-            current = nil
+        timeout?.cancel()
+        switch state {
+        case .awaitingHead(_, let backend), .streaming(_, let backend, _):
+            backend.handler.release(reusable: false)
+        case .idle, .connecting:
+            break
         }
+        state = .idle
         context.fireChannelInactive()
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         // Backpressure for large answers: read the backend only as fast as the app takes it.
-        if let backend, current != nil {
+        if case .streaming(_, let backend, _) = state {
             backend.channel.setOption(ChannelOptions.autoRead, value: context.channel.isWritable).whenFailure { _ in }
         }
         context.fireChannelWritabilityChanged()
@@ -134,39 +162,44 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     // MARK: The fast exchange
 
     private func start(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
-        current = plan
-        exchangeID &+= 1
-        let exchange = exchangeID
-        retried = false
-        responseStarted = false
-        started = .now()
-        armTimer(plan, context: context)
+        lastExchangeID &+= 1
+        var exchange = Exchange(plan: plan, id: lastExchangeID, started: .now())
+        armTimer(exchange, context: context)
         if let idle = pool.idleConnection(to: plan.backend, on: context.eventLoop) {
-            backend = idle
-            reused = true
-            idle.handler.send(plan.head, delegate: self)
+            exchange.reused = true
+            send(exchange, on: idle)
             return
         }
+        state = .connecting(exchange)
         pool.connection(to: plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
-            guard let self, self.current != nil, self.exchangeID == exchange else {
-                if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
-                return
-            }
-            switch result {
-            case .success(let (connection, reused)):
-                self.backend = connection
-                self.reused = reused
-                connection.handler.send(plan.head, delegate: self)
-            case .failure:
-                self.answerProblem(.backendUnavailable())
-            }
+            self?.connected(result.map { ($0.0, $0.reused) }, for: exchange.id)
         }
     }
 
+    /// A connection for exchange `id` arrived (or failed). A late one is given back.
+    private func connected(_ result: Result<(BackendConnection, Bool), any Error>, for id: Int) {
+        guard case .connecting(var exchange) = state, exchange.id == id else {
+            if case .success(let (connection, _)) = result { connection.handler.release(reusable: true) }
+            return
+        }
+        switch result {
+        case .success(let (connection, reused)):
+            exchange.reused = reused
+            send(exchange, on: connection)
+        case .failure:
+            answerProblem(.backendUnavailable())
+        }
+    }
+
+    private func send(_ exchange: Exchange, on connection: BackendConnection) {
+        state = .awaitingHead(exchange, connection)
+        connection.handler.send(exchange.plan.head, delegate: self)
+    }
+
     func backendResponseHead(_ head: HTTPResponseHead) {
-        guard let context, let plan = current else { return }
-        responseStarted = true
-        armTimer(plan, context: context)  // from now on: the longest silence allowed within the body
+        guard let context, case .awaitingHead(let exchange, let backend) = state else { return }
+        state = .streaming(exchange, backend, status: head.status.code)
+        armTimer(exchange, context: context)  // from now on: the longest silence allowed within the body
         var head = head
         let connectionValues = head.headers["connection"]
         if !connectionValues.isEmpty {
@@ -175,95 +208,97 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if head.headers.contains(where: { RelayHeaderPolicy.isHopByHop($0.name) }) {
             for name in RelayHeaderPolicy.hopByHop { head.headers.remove(name: name) }
         }
-        head.headers.replaceOrAdd(name: "X-Request-Id", value: plan.requestID)
+        head.headers.replaceOrAdd(name: "X-Request-Id", value: exchange.plan.requestID)
         head.version = .http1_1
         context.write(wrapOutboundOut(.head(head)), promise: nil)
     }
 
     func backendResponseBody(_ buffer: ByteBuffer) {
-        guard let context, let plan = current else { return }
-        armTimer(plan, context: context)
+        guard let context, case .streaming(let exchange, let backend, _) = state else { return }
+        armTimer(exchange, context: context)
         context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         if !context.channel.isWritable {
             // Stop reading the backend first: the flush below may make the channel writable
             // again at once, and `channelWritabilityChanged` then turns reading back on.
-            backend?.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+            backend.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
             context.flush()
         }
     }
 
     func backendReadComplete() {
-        guard let context, current != nil, responseStarted else { return }
+        guard let context, case .streaming = state else { return }
         context.flush()
     }
 
     func backendResponseEnd(reusable: Bool) {
-        guard let context, let plan = current else { return }
+        guard let context, case .streaming(let exchange, let backend, let status) = state else { return }
         timeout?.cancel()
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
-        backend?.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
-        backend?.handler.release(reusable: reusable)
-        backend = nil
-        finish(plan)
+        backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+        backend.handler.release(reusable: reusable)
+        finish(exchange, status: status)
     }
 
     func backendFailed(_ error: any Error, beforeHead: Bool) {
-        guard let context, let plan = current else { return }
-        backend = nil
-        guard beforeHead else {
+        guard let context else { return }
+        switch state {
+        case .idle, .connecting:
+            return
+        case .streaming:
             // The answer has begun: the app's connection cannot be saved.
             timeout?.cancel()
-            current = nil
+            state = .idle
             context.close(promise: nil)
-            return
-        }
-        if reused, !retried {
+        case .awaitingHead(var exchange, _):
+            guard exchange.reused, !exchange.retried else { return answerProblem(.backendUnavailable()) }
             // A pooled connection the backend had closed: GET and HEAD are safe to send again.
-            retried = true
-            let exchange = exchangeID
-            pool.connect(to: plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
-                guard let self, self.current != nil, self.exchangeID == exchange else {
-                    if case .success(let connection) = result { connection.handler.release(reusable: true) }
-                    return
-                }
-                switch result {
-                case .success(let connection):
-                    self.backend = connection
-                    self.reused = false
-                    connection.handler.send(plan.head, delegate: self)
-                case .failure:
-                    self.answerProblem(.backendUnavailable())
-                }
+            exchange.retried = true
+            exchange.reused = false
+            state = .connecting(exchange)
+            let id = exchange.id
+            pool.connect(to: exchange.plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
+                self?.connected(result.map { ($0, false) }, for: id)
             }
-            return
         }
-        answerProblem(.backendUnavailable())
     }
 
     /// The route's timeout: until the answer's head, then between two parts of its body
     /// (a backend that sends a head and falls silent must not hold two connections forever).
-    private func armTimer(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
+    private func armTimer(_ exchange: Exchange, context: ChannelHandlerContext) {
         timeout?.cancel()
-        let exchange = exchangeID
-        timeout = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(plan.route.timeout.inNanoseconds)) { [weak self] in
-            guard let self, self.exchangeID == exchange else { return }
-            self.timedOut()
+        let id = exchange.id
+        timeout = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(exchange.plan.route.timeout.inNanoseconds)) { [weak self] in
+            self?.timedOut(id)
         }
     }
 
-    private func timedOut() {
-        guard current != nil else { return }
-        backend?.handler.release(reusable: false)
-        backend = nil
-        guard responseStarted else { return answerProblem(.backendTimeout()) }
-        // The answer has begun and stalled: neither connection can be reused.
-        current = nil
-        context?.close(promise: nil)
+    private func timedOut(_ id: Int) {
+        switch state {
+        case .connecting(let exchange) where exchange.id == id:
+            answerProblem(.backendTimeout())
+        case .awaitingHead(let exchange, let backend) where exchange.id == id:
+            backend.handler.release(reusable: false)
+            answerProblem(.backendTimeout())
+        case .streaming(let exchange, let backend, _) where exchange.id == id:
+            // The answer has begun and stalled: neither connection can be reused.
+            backend.handler.release(reusable: false)
+            state = .idle
+            context?.close(promise: nil)
+        default:
+            break
+        }
     }
 
+    /// Answers the exchange that has not begun its answer with `problem`.
     private func answerProblem(_ problem: GatehouseProblem) {
-        guard let context, let plan = current else { return }
+        let exchange: Exchange
+        switch state {
+        case .connecting(let current), .awaitingHead(let current, _): exchange = current
+        case .idle, .streaming: return
+        }
+        guard let context else { return }
         timeout?.cancel()
+        let plan = exchange.plan
         let body = JSONCoding.encode(ProblemBody(problem, instance: plan.path))
         let headers: HTTPHeaders = [
             "Content-Type": "application/problem+json", "Cache-Control": "no-store",
@@ -274,43 +309,27 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
-        finish(plan)
+        finish(exchange, status: UInt(problem.status))
     }
 
-    private func finish(_ plan: FastRelayPlan) {
-        current = nil
+    private func finish(_ exchange: Exchange, status: UInt) {
+        state = .idle
+        let plan = exchange.plan
         if logger.logLevel <= .info {
-            let elapsed = Double((NIODeadline.now() - started).nanoseconds) / 1_000_000
-            logger.info("request", metadata: [
+            let elapsed = Double((NIODeadline.now() - exchange.started).nanoseconds) / 1_000_000
+            var metadata: Logger.Metadata = [
                 "request_id": .string(plan.requestID), "method": .string(plan.isHead ? "HEAD" : "GET"),
-                "path": .string(plan.path), "fast": "true", "ms": .string(String(format: "%.1f", elapsed)),
-            ])
+                "path": .string(plan.path), "relay": "fast", "status": .stringConvertible(status),
+                "ms": .string(String(format: "%.1f", elapsed)),
+            ]
+            if let clientRequestID = plan.clientRequestID { metadata["client_request_id"] = .string(clientRequestID) }
+            logger.info("request", metadata: metadata)
         }
         guard let context, !queued.isEmpty else { return }
-        while current == nil, let part = queued.popFirst() {
+        while !isExchanging, let part = queued.popFirst() {
             process(part, context: context)
         }
         // Hummingbird's channel delivers what it was handed at the end of a read batch.
         context.fireChannelReadComplete()
-    }
-}
-
-/// Added by Hummingbird with the other per-connection handlers (after its HTTP-types codec);
-/// moves the fast path in front of that codec, where requests are still NIOHTTP1 parts, so
-/// a relayed request is never converted to HTTP types and back.
-final class FastRelayInstaller: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = Never
-    private let makeHandler: () -> FastRelayHandler
-
-    init(_ makeHandler: @escaping () -> FastRelayHandler) {
-        self.makeHandler = makeHandler
-    }
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        let operations = context.pipeline.syncOperations
-        if let codec = try? operations.handler(type: HTTP1ToHTTPServerCodec.self) {
-            try? operations.addHandler(makeHandler(), position: .before(codec))
-        }
-        operations.removeHandler(context: context, promise: nil)
     }
 }

@@ -1,11 +1,14 @@
 import Foundation
 import GatehouseCore
+import GatehouseRelay
 import Hummingbird
 import HTTPTypes
 import Logging
 
-/// Gives every request an id (kept from `X-Request-Id` when well-formed), turns any error that
-/// escapes a route into problem+json (never a bare 500), and writes one log line per request.
+/// Gives every request Gatehouse's own id (a client's `X-Request-Id` is never taken as it: a
+/// plain one is kept as `client_request_id` for correlation), asks for `100 Continue` on the
+/// endpoints that read a body, turns any error that escapes a route into problem+json (never
+/// a bare 500), and writes one log line per request.
 ///
 /// The log line holds the method, the path and the status: never the query string, which
 /// carries codes and states, nor any header.
@@ -13,12 +16,17 @@ struct RequestLogMiddleware: RouterMiddleware {
     typealias Context = GatehouseRequestContext
     let logger: Logger
     let routes: [String: [HTTPRequest.Method]]
+    let configuration: GatehouseConfiguration
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
-        let requestID = request.headers[.requestID].flatMap(Self.acceptable) ?? RequestIDGenerator.shared.next()
+        let requestID = RequestIDGenerator.shared.next()
         var context = context
         context.requestID = requestID
+        context.clientRequestID = request.headers[.requestID].flatMap(RelayForwarding.acceptableClientRequestID)
+        // A relayed request asks once its token and rule have passed; the others read their body at once.
+        let relayed = configuration.route(for: request.uri.path) != nil
+        if !relayed, request.headers[.expect] != nil { await context.sendContinue() }
         var response: Response
         do {
             response = try await next(request, context)
@@ -36,21 +44,15 @@ struct RequestLogMiddleware: RouterMiddleware {
         }
         response.headers[.requestID] = requestID
         let elapsed = ContinuousClock.now - started
-        logger.info("request", metadata: [
+        var metadata: Logger.Metadata = [
             "request_id": .string(requestID), "method": .string(request.method.rawValue), "path": .string(request.uri.path),
             "status": .stringConvertible(response.status.code),
             "ms": .string(String(format: "%.1f", Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000)),
-        ])
+        ]
+        if relayed { metadata["relay"] = "general" }
+        if let clientRequestID = context.clientRequestID { metadata["client_request_id"] = .string(clientRequestID) }
+        logger.info("request", metadata: metadata)
         return response
-    }
-
-    /// A client's request id is kept only when it is short and plain.
-    static func acceptable(_ value: String) -> String? {
-        guard (1...64).contains(value.utf8.count),
-              value.utf8.allSatisfy({ $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") || $0 == UInt8(ascii: ".")
-                  || (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0) })
-        else { return nil }
-        return value
     }
 }
 

@@ -13,23 +13,24 @@ extension Gatehouse {
     /// Bodies up to this size are read whole and sent with a length; larger ones stream.
     static let bufferedBodyLimit = 64 * 1024
 
-    /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): checks the token, resolves the
-    /// caller once (cached), applies the route's rule and relays to the backend, streaming.
+    /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): the general path. The same admission
+    /// as the fast path (`RelayAdmission`), then the token (sealed sessions refreshed when due),
+    /// the caller resolved once (cached), the route's rule, and the relay to the backend, streaming.
     func relay(_ request: Request, context: GatehouseRequestContext, route: RouteSettings) async -> Response {
         guard let relay, let resolver = relay.resolvers[route.upstream],
-              let identitySettings = configuration.upstreams[route.upstream]?.identity else {
+              let identitySettings = configuration.upstreams[route.upstream]?.identity,
+              let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
             return .problem(.notFound(), for: request)
         }
-        guard route.methods.contains(request.method.rawValue) else {
-            return .problem(.methodNotAllowed(), for: request,
-                            allow: route.methods.sorted().compactMap { HTTPRequest.Method($0) })
+        let head = HummingbirdRelayHead(request: request)
+        let admission: RelayAdmission
+        switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath) {
+        case .success(let admitted): admission = admitted
+        case .failure(.signIn(let detail)): return signInAgain(request, route: route, detail: detail)
+        case .failure(.problem(let problem, let allow)):
+            return .problem(problem, for: request, allow: allow.compactMap { HTTPRequest.Method($0) })
         }
-        guard RelayHeaderPolicy.isSafe(path: request.uri.path) else {
-            return .problem(.badRequest("The path has empty, '.' or '..' segments."), for: request)
-        }
-        guard let token = Self.bearerToken(request.headers[values: .authorization]) else {
-            return signInAgain(request, route: route, detail: "The request carries no Bearer access token.")
-        }
+        let token = admission.bearer
         // A Gatehouse token (sealed session) stands for the session's upstream token, which is
         // what the identity service is asked about and what the backend may receive.
         var upstreamToken = token
@@ -79,21 +80,35 @@ extension Gatehouse {
         guard case .active(let identity) = resolution else {
             return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
         }
-        if let violation = route.rule.violation(by: identity) {
-            return .problem(.forbidden(violation.prefix(1).uppercased() + violation.dropFirst() + "."), for: request)
+        if let problem = admission.authorize(identity) {
+            return .problem(problem, for: request)
         }
-        let contentLength = request.headers[.contentLength].flatMap { Int($0) }
-        if let contentLength, contentLength > route.maximumBodyBytes {
-            return .problem(.payloadTooLarge(limit: route.maximumBodyBytes), for: request)
+        let url = backend.origin + admission.target
+        guard Self.isCarriedFaithfully(url: url, target: admission.target) else {
+            return .problem(.badRequest("The path cannot be relayed as it was sent."), for: request)
         }
         do {
-            let outbound = try await outboundRequest(request, context: context, route: route, identity: identity,
-                                                     relay: relay, contentLength: contentLength,
-                                                     sealedUpstreamToken: sealed ? upstreamToken : nil)
+            var authorization: String?
+            if route.authorization == .assertion, let signer = relay.signer {
+                authorization = try await signer.assertion(for: identity, audience: route.backend)
+            } else if sealed, route.authorization == .passthrough {
+                // The token-handler pattern: the backend sees the upstream token it expects.
+                authorization = upstreamToken
+            }
+            var outbound = HTTPClientRequest(url: url)
+            outbound.method = HTTPMethod(rawValue: request.method.rawValue)
+            outbound.headers = policy.outboundHeaders(from: head, connectionTokens: admission.connectionTokens, identity: identity,
+                                                      authorization: authorization, host: nil, forwarding: relay.forwarding,
+                                                      remoteAddress: context.remoteAddress, requestID: context.requestID)
+            if admission.expectsContinue { await context.sendContinue() }
+            try await attachBody(admission.body, of: request, to: &outbound, route: route)
             let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.inNanoseconds))
             return try await Self.inboundResponse(response, isHead: request.method == .head)
         } catch let error as RelayBodyTooLarge {
             return .problem(.payloadTooLarge(limit: error.limit), for: request)
+        } catch is RelayClientBodyError {
+            logger.info("request body malformed", metadata: ["route": .string(route.prefix)])
+            return .problem(.badRequest("The request body is malformed."), for: request)
         } catch let error as HTTPClientError where error == .deadlineExceeded {
             logger.warning("backend timeout", metadata: ["route": .string(route.prefix)])
             return .problem(.backendTimeout(), for: request)
@@ -101,6 +116,51 @@ extension Gatehouse {
             logger.warning("backend unavailable", metadata: ["route": .string(route.prefix), "error_type": .string(String(describing: type(of: error)))])
             return .problem(.backendUnavailable(), for: request)
         }
+    }
+
+    /// Chunked bodies are read whole, before the backend is contacted, on routes whose
+    /// `max_body_bytes` is at most this: an over-limit body is a 413 that nothing reached.
+    /// On routes that take larger bodies they stream, and an over-limit body aborts the
+    /// backend request mid-body (the backend never sees a complete request).
+    static let bufferedChunkedLimit = 1024 * 1024
+
+    private func attachBody(_ body: RelayAdmission.Body, of request: Request, to outbound: inout HTTPClientRequest,
+                            route: RouteSettings) async throws {
+        var request = request
+        switch body {
+        case .none:
+            return
+        case .length(let length) where length <= Self.bufferedBodyLimit:
+            outbound.body = .bytes(try await Self.collect(&request, upTo: length, limit: route.maximumBodyBytes))
+        case .chunked where route.maximumBodyBytes <= Self.bufferedChunkedLimit:
+            outbound.body = .bytes(try await Self.collect(&request, upTo: route.maximumBodyBytes, limit: route.maximumBodyBytes))
+        case .length(let length):
+            outbound.body = .stream(RelayRequestBody(base: request.body, limit: route.maximumBodyBytes), length: .known(Int64(length)))
+        case .chunked:
+            outbound.body = .stream(RelayRequestBody(base: request.body, limit: route.maximumBodyBytes), length: .unknown)
+        }
+    }
+
+    /// The whole body, or `RelayBodyTooLarge` past `upTo`, or `RelayClientBodyError` when the
+    /// client's framing breaks.
+    private static func collect(_ request: inout Request, upTo maximum: Int, limit: Int) async throws -> ByteBuffer {
+        do {
+            return try await request.collectBody(upTo: maximum)
+        } catch let error as HTTPError where error.status == .contentTooLarge {
+            throw RelayBodyTooLarge(limit: limit)
+        } catch {
+            throw RelayClientBodyError()
+        }
+    }
+
+    /// Whether AsyncHTTPClient sends `url` with exactly `target` as request target. It parses
+    /// the URL with Foundation (a path Foundation cannot decode becomes `/`); this is the same
+    /// computation, so anything it would change is refused rather than sent elsewhere.
+    static func isCarriedFaithfully(url: String, target: String) -> Bool {
+        guard let parsed = URL(string: url), !parsed.path.isEmpty else { return false }
+        var sent = URLComponents(url: parsed, resolvingAgainstBaseURL: true)?.percentEncodedPath ?? parsed.path
+        if let query = parsed.query { sent += "?" + query }
+        return sent == target
     }
 
     /// 401 with `WWW-Authenticate: Bearer error="invalid_token"` and where to sign in again.
@@ -113,63 +173,6 @@ extension Gatehouse {
                                         signIn: .init(authorization_endpoint: endpoint, client_id: route.signInClientID, url: url))
         response.headers[.wwwAuthenticate] = #"Bearer realm="gatehouse", error="invalid_token", error_description="\#(detail)""#
         return response
-    }
-
-    /// The token of a single `Authorization: Bearer …` header (RFC 6750 §2.1); `nil` otherwise.
-    static func bearerToken(_ values: [String]) -> String? {
-        guard values.count == 1, let value = values.first?.utf8, value.count > 7 else { return nil }
-        let scheme = value.prefix(7)
-        guard scheme.elementsEqual("bearer ".utf8, by: { $0 | 0x20 == $1 }) else { return nil }
-        var token = value.dropFirst(7)
-        while token.first == UInt8(ascii: " ") { token = token.dropFirst() }
-        while token.last == UInt8(ascii: " ") { token = token.dropLast() }
-        guard !token.isEmpty, token.count <= 8192, !token.contains(UInt8(ascii: " ")) else { return nil }
-        return String(token)
-    }
-
-    private func outboundRequest(_ request: Request, context: GatehouseRequestContext, route: RouteSettings,
-                                 identity: CallerIdentity, relay: RelayServices, contentLength: Int?,
-                                 sealedUpstreamToken: String?) async throws -> HTTPClientRequest
-    {
-        let path = request.uri.path
-        let rest = path.dropFirst(route.prefix.hasSuffix("/") ? route.prefix.count - 1 : route.prefix.count)
-        var url = route.backend + rest
-        if let query = request.uri.query { url += "?" + query }
-        var outbound = HTTPClientRequest(url: url)
-        outbound.method = HTTPMethod(rawValue: request.method.rawValue)
-
-        let policy = RelayHeaderPolicy(route: route, allIdentityHeaders: relay.identityHeaderNames)
-        let connectionValues = request.headers[values: .connection]
-        let connectionTokens = connectionValues.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connectionValues)
-        for field in request.headers where policy.forwardsRequestHeader(field.name.rawName, connectionTokens: connectionTokens) {
-            if sealedUpstreamToken != nil, field.name == .authorization { continue }
-            outbound.headers.add(name: field.name.rawName, value: field.value)
-        }
-        if let sealedUpstreamToken, route.authorization == .passthrough {
-            // The token-handler pattern: the backend sees the upstream token it expects.
-            outbound.headers.add(name: "Authorization", value: "Bearer " + sealedUpstreamToken)
-        }
-        for header in route.identityHeaders {
-            if let value = identity.value(of: header.source) {
-                outbound.headers.add(name: header.name, value: Self.headerSafe(value))
-            }
-        }
-        if route.authorization == .assertion, let signer = relay.signer {
-            outbound.headers.add(name: "Authorization", value: "Bearer " + (try await signer.assertion(for: identity, audience: route.backend)))
-        }
-        relay.addForwardingHeaders(to: &outbound.headers, remoteAddress: context.remoteAddress, requestID: context.requestID)
-
-        if let contentLength, contentLength == 0 {
-            return outbound
-        }
-        if let contentLength, contentLength <= Self.bufferedBodyLimit {
-            var request = request
-            outbound.body = .bytes(try await request.collectBody(upTo: contentLength))
-        } else if contentLength != nil || request.headers[.transferEncoding] != nil {
-            let body = RelayRequestBody(base: request.body, limit: route.maximumBodyBytes)
-            outbound.body = .stream(body, length: contentLength.map { .known(Int64($0)) } ?? .unknown)
-        }
-        return outbound
     }
 
     private static func inboundResponse(_ response: HTTPClientResponse, isHead: Bool) async throws -> Response {
@@ -202,11 +205,6 @@ extension Gatehouse {
             try await writer.finish(nil)
         })
     }
-
-    /// Identity values come from another service: no control characters may reach a header.
-    static func headerSafe(_ value: String) -> String {
-        String(value.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(1024))
-    }
 }
 
 /// The app's request body on its way to the backend, refused past the route's limit.
@@ -221,7 +219,13 @@ struct RelayRequestBody: AsyncSequence, Sendable {
         var seen = 0
 
         mutating func next() async throws -> ByteBuffer? {
-            guard let buffer = try await base.next() else { return nil }
+            let next: ByteBuffer?
+            do {
+                next = try await base.next()
+            } catch {
+                throw RelayClientBodyError()
+            }
+            guard let buffer = next else { return nil }
             seen += buffer.readableBytes
             if seen > limit { throw RelayBodyTooLarge(limit: limit) }
             return buffer
@@ -235,4 +239,30 @@ struct RelayRequestBody: AsyncSequence, Sendable {
 
 struct RelayBodyTooLarge: Error {
     let limit: Int
+}
+
+/// The app's body broke off or its framing was malformed: the client's fault, a 400.
+struct RelayClientBodyError: Error {}
+
+/// A Hummingbird request as the relay's admission reads it. `rawTarget` is the request
+/// target exactly as sent (HTTP types keep it undecoded in `path`).
+struct HummingbirdRelayHead: RelayRequestHead {
+    let request: Request
+
+    var methodName: String { request.method.rawValue }
+    var rawTarget: String { request.head.path ?? "/" }
+
+    func values(of field: RelayHeadField) -> [String] {
+        switch field {
+        case .authorization: request.headers[values: .authorization]
+        case .contentLength: request.headers[values: .contentLength]
+        case .transferEncoding: request.headers[values: .transferEncoding]
+        case .expect: request.headers[values: .expect]
+        case .connection: request.headers[values: .connection]
+        }
+    }
+
+    func forEachField(_ body: (String, String) -> Void) {
+        for field in request.headers { body(field.name.rawName, field.value) }
+    }
 }

@@ -14,9 +14,11 @@ public struct RelayServices: Sendable {
     public let signer: AssertionSigner?
     /// Every identity header name of every route, lower-cased: stripped from all relayed requests.
     let identityHeaderNames: Set<String>
-    /// `X-Forwarded-Proto` and `X-Forwarded-Host`, from the public base URL.
-    let forwardedProto: String
-    let forwardedHost: String
+    /// `Forwarded`, `X-Forwarded-*`, `Via` and request ids, as both relay paths add them.
+    let forwarding: RelayForwarding
+    /// Each route's backend and header policy, by prefix, built once.
+    let backends: [String: RouteBackend]
+    let policies: [String: RelayHeaderPolicy]
 
     public init(configuration: GatehouseConfiguration, cache: IdentityCache, resolvers: [String: any IdentityResolver],
                 backendClient: HTTPClient, signer: AssertionSigner?) {
@@ -24,25 +26,17 @@ public struct RelayServices: Sendable {
         self.resolvers = resolvers
         self.backendClient = backendClient
         self.signer = signer
-        self.identityHeaderNames = Set(configuration.routes.flatMap { $0.identityHeaders.map { $0.name.lowercased() } })
-        let base = configuration.server.publicBaseURL
-        self.forwardedProto = base.hasPrefix("https://") ? "https" : "http"
-        self.forwardedHost = base.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
-    }
-
-    /// `Forwarded` (RFC 7239), `X-Forwarded-*`, `X-Request-Id` and `Via`, as both relay paths set them.
-    func addForwardingHeaders(to headers: inout HTTPHeaders, remoteAddress: String?, requestID: String) {
-        if let remoteAddress {
-            headers.add(name: "X-Forwarded-For", value: remoteAddress)
-            let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
-            headers.add(name: "Forwarded", value: "for=\(node);proto=\(forwardedProto);host=\"\(forwardedHost)\"")
-        } else {
-            headers.add(name: "Forwarded", value: "proto=\(forwardedProto);host=\"\(forwardedHost)\"")
+        let identityHeaderNames = Set(configuration.routes.flatMap { $0.identityHeaders.map { $0.name.lowercased() } })
+        self.identityHeaderNames = identityHeaderNames
+        self.forwarding = RelayForwarding(publicBaseURL: configuration.server.publicBaseURL)
+        var backends: [String: RouteBackend] = [:]
+        var policies: [String: RelayHeaderPolicy] = [:]
+        for route in configuration.routes {
+            backends[route.prefix] = RouteBackend(url: route.backend)
+            policies[route.prefix] = RelayHeaderPolicy(route: route, allIdentityHeaders: identityHeaderNames)
         }
-        headers.add(name: "X-Forwarded-Proto", value: forwardedProto)
-        headers.add(name: "X-Forwarded-Host", value: forwardedHost)
-        headers.add(name: "X-Request-Id", value: requestID)
-        headers.add(name: "Via", value: "1.1 gatehouse")
+        self.backends = backends
+        self.policies = policies
     }
 
     /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression.

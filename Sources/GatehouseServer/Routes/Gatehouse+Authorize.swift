@@ -53,7 +53,7 @@ extension Gatehouse {
             wiring: client.wiring, upstreamCodeVerifier: upstreamVerifier,
             expiresAt: expiry(after: configuration.server.transactionLifetime))
         do {
-            try await store.insertTransaction(transaction, stateHash: SecureToken.hash(state))
+            try await store.insertTransaction(transaction, stateHash: AuthorizationTransaction.storeKey(state: state, wiring: transaction.wiring))
         } catch {
             logger.error("store failed to record a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
             return .problem(.storeUnavailable(), for: request)

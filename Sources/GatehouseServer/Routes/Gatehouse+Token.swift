@@ -103,7 +103,7 @@ extension Gatehouse {
     {
         let transaction: AuthorizationTransaction?
         do {
-            transaction = try await store.consumeTransaction(stateHash: SecureToken.hash(state), now: now())
+            transaction = try await store.consumeTransaction(stateHash: AuthorizationTransaction.storeKey(state: state, wiring: .relay), now: now())
         } catch {
             throw .serverError("Gatehouse cannot reach its store right now")
         }

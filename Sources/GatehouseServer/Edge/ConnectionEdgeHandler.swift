@@ -1,0 +1,301 @@
+import Foundation
+import GatehouseCore
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypesHTTP1
+import Synchronization
+
+/// Asks the connection's edge to send `100 Continue` (RFC 9110 §10.1.1) before a handler
+/// reads the request body. Sent as a user outbound event from wherever the body is read;
+/// ignored when the request did not ask for it or another answer is already under way.
+struct SendContinue: Sendable {}
+
+/// Each client connection's edge, right after the HTTP/1.1 codec and before the relay's fast
+/// path and Hummingbird: the head-read and keep-alive idle timeouts, connection-level refusals
+/// of what RFC 9112 says a server must not act on (a missing or repeated `Host`, a transfer
+/// coding other than `chunked`, an unknown expectation), and `100 Continue`.
+final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let headerReadTimeout: TimeAmount
+    private let idleTimeout: TimeAmount
+    private let logger: Logger
+    private var state = ConnectionEdgeStateMachine()
+    private var timer: Scheduled<Void>?
+    private var timerGeneration = 0
+    private var context: ChannelHandlerContext?
+    private var closeAfterResponse = false
+
+    init(headerReadTimeout: TimeAmount, idleTimeout: TimeAmount, logger: Logger) {
+        self.headerReadTimeout = headerReadTimeout
+        self.idleTimeout = idleTimeout
+        self.logger = logger
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        if context.channel.isActive { perform(state.opened(), context: context) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        self.context = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        if timer == nil, state.phase == .readingHead { perform(state.opened(), context: context) }
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        context.fireChannelInactive()
+    }
+
+    /// Called by `EdgeByteObserver` (in front of the codec) when bytes arrive.
+    func bytesArrived() {
+        guard let context else { return }
+        perform(state.bytesArrived(), context: context)
+    }
+
+    // MARK: Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        switch part {
+        case .head(let head):
+            let expect = head.headers["expect"]
+            let refusal = Self.refusal(of: head).map { (problem: $0, instance: Self.instance(head.uri)) }
+            let expectsContinue = expect.count == 1 && expect[0].lowercased() == "100-continue"
+            perform(state.headArrived(expectsContinue: expectsContinue, refusal: refusal), context: context)
+            guard refusal == nil, state.forwardsInbound else { return }
+        case .body:
+            guard state.forwardsInbound else { return }
+        case .end:
+            guard state.forwardsInbound else { return }
+            state.requestEnded()
+        }
+        context.fireChannelRead(data)
+    }
+
+    // MARK: Outbound
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        switch unwrapOutboundIn(data) {
+        case .head(var head) where head.status.code >= 200:
+            if state.finalHeadWritten() {
+                // The app may or may not send the body it announced: this connection cannot be reused.
+                closeAfterResponse = true
+                head.headers.replaceOrAdd(name: "Connection", value: "close")
+                context.write(wrapOutboundOut(.head(head)), promise: promise)
+                return
+            }
+            context.write(data, promise: promise)
+        case .head, .body:
+            context.write(data, promise: promise)
+        case .end:
+            context.write(data, promise: promise)
+            if closeAfterResponse {
+                context.flush()
+                context.close(promise: nil)
+                return
+            }
+            perform(state.responseEnded(), context: context)
+        }
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard event is SendContinue else { return context.triggerUserOutboundEvent(event, promise: promise) }
+        if state.continueRequested() {
+            let head = HTTPResponseHead(version: .http1_1, status: .continue)
+            context.writeAndFlush(wrapOutboundOut(.head(head)), promise: promise)
+        } else {
+            promise?.succeed()
+        }
+    }
+
+    // MARK: Carrying out the state machine's actions
+
+    private func perform(_ action: ConnectionEdgeStateMachine.Action, context: ChannelHandlerContext) {
+        switch action {
+        case .none:
+            break
+        case .armHeaderTimer:
+            arm(headerReadTimeout, context: context)
+        case .armIdleTimer:
+            arm(idleTimeout, context: context)
+        case .cancelTimer:
+            timer?.cancel()
+            timer = nil
+        case .close:
+            timer?.cancel()
+            timer = nil
+            context.close(promise: nil)
+        case .answerAndClose(let problem, let instance):
+            timer?.cancel()
+            timer = nil
+            logger.info("request refused at the edge", metadata: ["code": .string(problem.code), "status": .stringConvertible(problem.status)])
+            let body = JSONCoding.encode(ProblemBody(problem, instance: instance))
+            let headers: HTTPHeaders = [
+                "Content-Type": "application/problem+json", "Cache-Control": "no-store", "Connection": "close",
+                "Content-Length": String(body.count), "X-Request-Id": RequestIDGenerator.shared.next(),
+            ]
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: problem.status),
+                                                                 headers: headers))), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
+            context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+        }
+    }
+
+    private func arm(_ timeout: TimeAmount, context: ChannelHandlerContext) {
+        timer?.cancel()
+        timerGeneration &+= 1
+        let generation = timerGeneration
+        timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) { [weak self] in
+            guard let self, self.timerGeneration == generation, let context = self.context else { return }
+            self.timer = nil
+            self.perform(self.state.timerFired(), context: context)
+        }
+    }
+
+    // MARK: Framing (RFC 9112)
+
+    /// A connection-level refusal of `head`, or `nil` when it may go on.
+    static func refusal(of head: HTTPRequestHead) -> GatehouseProblem? {
+        let hosts = head.headers["host"]
+        if head.version == .http1_1 ? hosts.count != 1 : hosts.count > 1 {
+            return .badRequest("An HTTP/1.1 request needs exactly one Host header.")
+        }
+        let codings = head.headers["transfer-encoding"].flatMap { $0.split(separator: ",") }
+            .map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        if !codings.isEmpty {
+            guard codings.last == "chunked" else { return .badRequest("The body's length cannot be determined: chunked must be the last transfer coding.") }
+            guard codings.count == 1 else { return .notImplemented("Gatehouse takes no transfer coding but chunked.") }
+        }
+        let expect = head.headers["expect"]
+        if !expect.isEmpty, expect.count != 1 || expect[0].lowercased() != "100-continue" {
+            return .expectationFailed()
+        }
+        return nil
+    }
+
+    private static func instance(_ uri: String) -> String {
+        String(uri.prefix { $0 != "?" }.prefix(2048))
+    }
+}
+
+/// First in each client connection's pipeline: counts the connection against the process's
+/// limit (beyond it the connection is answered 503 and closed before any other handler sees
+/// a byte) and tells the edge when bytes arrive, so the head timer starts with the first byte.
+final class EdgeByteObserver: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    private let edge: ConnectionEdgeHandler
+    private let limiter: ConnectionLimiter
+    private var counted = false
+    private var refused = false
+
+    init(edge: ConnectionEdgeHandler, limiter: ConnectionLimiter) {
+        self.edge = edge
+        self.limiter = limiter
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { admit(context: context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        admit(context: context)
+        if !refused { context.fireChannelActive() }
+    }
+
+    private func admit(context: ChannelHandlerContext) {
+        guard !counted, !refused else { return }
+        if limiter.open() {
+            counted = true
+            return
+        }
+        refused = true
+        let body = JSONCoding.encode(ProblemBody(.overCapacity(), instance: "/"))
+        var buffer = context.channel.allocator.buffer(capacity: 256 + body.count)
+        buffer.writeString("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\nCache-Control: no-store\r\n"
+                           + "Retry-After: 1\r\nConnection: close\r\nContent-Length: \(body.count)\r\n\r\n")
+        buffer.writeBytes(body)
+        // This handler is first in the pipeline: the bytes go straight to the socket.
+        context.writeAndFlush(NIOAny(buffer)).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !refused else { return }
+        edge.bytesArrived()
+        context.fireChannelRead(data)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if counted {
+            counted = false
+            limiter.close()
+        }
+        context.fireChannelInactive()
+    }
+}
+
+/// The process's open client connections, against `server.max_connections`.
+final class ConnectionLimiter: Sendable {
+    let maximum: Int
+    private let count = Atomic<Int>(0)
+
+    init(maximum: Int) {
+        self.maximum = maximum
+    }
+
+    var current: Int { count.load(ordering: .relaxed) }
+
+    /// Counts a new connection; `false` (and not counted) when the limit is reached.
+    func open() -> Bool {
+        let now = count.wrappingAdd(1, ordering: .relaxed).newValue
+        if now > maximum {
+            count.wrappingSubtract(1, ordering: .relaxed)
+            return false
+        }
+        return true
+    }
+
+    func close() {
+        count.wrappingSubtract(1, ordering: .relaxed)
+    }
+}
+
+/// Added by Hummingbird with the other per-connection handlers (after its HTTP-types codec);
+/// puts the edge where it sees every request: the byte observer first in the pipeline, the
+/// edge right after NIO's HTTP/1.1 codec, then the relay's fast path (when routes exist),
+/// all in front of the conversion to HTTP types.
+final class EdgeInstaller: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Never
+    private let makeEdge: () -> ConnectionEdgeHandler
+    private let limiter: ConnectionLimiter
+    private let makeFastPath: (() -> FastRelayHandler)?
+
+    init(limiter: ConnectionLimiter, edge: @escaping () -> ConnectionEdgeHandler, fastPath: (() -> FastRelayHandler)?) {
+        self.limiter = limiter
+        self.makeEdge = edge
+        self.makeFastPath = fastPath
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let operations = context.pipeline.syncOperations
+        if let codec = try? operations.handler(type: HTTP1ToHTTPServerCodec.self) {
+            let edge = makeEdge()
+            try? operations.addHandler(EdgeByteObserver(edge: edge, limiter: limiter), position: .first)
+            try? operations.addHandler(edge, position: .before(codec))
+            if let makeFastPath { try? operations.addHandler(makeFastPath(), position: .before(codec)) }
+        }
+        operations.removeHandler(context: context, promise: nil)
+    }
+}
