@@ -7,6 +7,8 @@ package offers: one whose port is closed, one that accepts and never answers, an
 one that answers 200 with a body that is not JSON.
 
 Readiness is read from each process's own output (its "ready" line), never slept for.
+Gatehouse's log is followed as it is written (`gatehouse["lines"]`, a gatelog.LogFollower):
+a test waits for a line, or asks which relay path served an answer (`served_by`).
 """
 
 import json
@@ -25,7 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
 
 from backends import EchoBackend, JWTIssuer, PersonalInformationService  # noqa: E402
+from gatelog import LogFollower, served_by  # noqa: E402,F401
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
+from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
+
+#: eve's business partner id, as her identity service answers it: with a CR LF and what
+#: would be a header of its own if Gatehouse wrote it as it is.
+EVE_BPID = "1000999\r\nX-Injected: yes"
 
 
 @dataclass
@@ -62,7 +70,8 @@ def upstream(workdir, gatehouse_port, seen):
     seen.add(env["UPSTREAM_SECRET_LEGACY"], env["UPSTREAM_SECRET_MODERN"], env["UPSTREAM_SECRET_OIDC"])
     config = {
         "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test"},
-                  {"username": "bob", "password": "builder-42", "email": "bob@example.test"}],
+                  {"username": "bob", "password": PASSWORDS["bob"], "email": "bob@example.test"},
+                  {"username": "eve", "password": PASSWORDS["eve"], "email": "eve@example.test"}],
         "applications": [
             {"client_id": "gatehouse-legacy", "client_secret_env": "UPSTREAM_SECRET_LEGACY",
              "redirect_uris": [callback, APP_REDIRECT], "pkce_required": False},
@@ -143,7 +152,7 @@ def relay_doubles(upstream):
     personal = PersonalInformationService(
         introspection_url=upstream["url"] + "/o/introspect/", client_id="gatehouse-legacy",
         client_secret=upstream["env"]["UPSTREAM_SECRET_LEGACY"],
-        users={USERNAME: ("1000123", "active"), "bob": ("1000456", "blocked")})
+        users={USERNAME: ("1000123", "active"), "bob": ("1000456", "blocked"), "eve": (EVE_BPID, "active")})
     issuer = JWTIssuer()
     yield {"backend": backend, "personal": personal, "jwt": issuer}
     for server in (backend, personal, issuer):
@@ -210,18 +219,42 @@ sessions:
     log_path = workdir / "gatehouse.log"
     log = open(log_path, "w")
     process = subprocess.Popen([str(binary), "serve", "--config", str(config_path), "--log-level", "debug"],
-                               stdout=log, stderr=subprocess.PIPE, text=True, env=upstream["env"])
+                               stdout=log, stderr=subprocess.PIPE, text=True, errors="replace", env=upstream["env"])
     try:
         ready = wait_for_line(process.stderr, r"gatehouse is ready", 30, "Gatehouse")
         log.write(ready)
         log.flush()
-        pump(process.stderr, log)
-        yield {"url": base, "log": log_path, "process": process, "config": config_path, "binary": binary,
-               "database": workdir / "gatehouse.sqlite"}
+        lines = LogFollower()
+        lines.feed(ready)
+        pump(process.stderr, log, lines.feed)
+        yield {"url": base, "port": gatehouse_port, "log": log_path, "lines": lines, "process": process,
+               "config": config_path, "binary": binary, "database": workdir / "gatehouse.sqlite"}
     finally:
         process.terminate()
         process.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def tokens(gatehouse, seen):
+    """Fresh and warm access tokens (relaytokens.TokenSupply)."""
+    return TokenSupply(gatehouse, seen)
+
+
+@pytest.fixture(params=["general", "fast"])
+def relay_path(request):
+    """The relay path a test's relayed GET is meant to take (the test asserts it did)."""
+    return request.param
+
+
+@pytest.fixture
+def relay_token(relay_path, tokens):
+    """`relay_token(route, client_id=…, username=…, scope=…)`: for "general" a fresh token
+    (its first relayed request is a cache miss), for "fast" a warm one (identity cached).
+    Only the first relayed request of a fresh token is sure to take the general path."""
+    def make(route="/api/contracts", **who):
+        return tokens.fresh(**who) if relay_path == "general" else tokens.warm(route, **who)
+    return make
 
 
 PERSONAL_XML = """

@@ -1,7 +1,12 @@
 """The resource relay (myVOO steps 1a-1c and 6a-6b), end to end: tokens issued by the real
 authorization server through Gatehouse, identity from the personal-information service
 (XML and JSON), RFC 7662 introspection, OIDC userinfo and JWT validation, relayed to a
-backend that echoes what reached it."""
+backend that echoes what reached it.
+
+Tests that take `relay_path` run twice, once per relay path, for real: `relay_token` gives a
+fresh token for "general" (its first request is an identity-cache miss) and a warm one for
+"fast" (its identity is cached), and `served_by` checks, from the request's log line, which
+path answered."""
 
 import hashlib
 import http.client
@@ -15,7 +20,9 @@ import pytest
 import requests
 from jwcrypto import jwk, jwt
 
+from gatelog import served_by
 from nativeapp import App, InAppBrowser
+from rawhttp import RawClient, request
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +47,10 @@ def get(gatehouse, path, token=None, **kwargs):
     return requests.get(gatehouse["url"] + path, headers=headers, timeout=30, **kwargs)
 
 
-def test_relay_sends_identity_headers_and_the_rest_of_the_path(gatehouse, alice, relay_doubles):
-    response = get(gatehouse, "/api/contracts/42/lines?from=2026-01", alice)
+def test_relay_sends_identity_headers_and_the_rest_of_the_path(gatehouse, relay_path, relay_token, relay_doubles):
+    response = get(gatehouse, "/api/contracts/42/lines?from=2026-01", relay_token("/api/contracts"))
     assert response.status_code == 200, response.text
+    assert served_by(gatehouse, response) == relay_path
     echoed = response.json()
     assert echoed["path"] == "/contracts/42/lines?from=2026-01"
     assert echoed["headers"]["x-bpid"] == "1000123"
@@ -55,11 +63,12 @@ def test_relay_sends_identity_headers_and_the_rest_of_the_path(gatehouse, alice,
     assert "for=127.0.0.1" in echoed["headers"]["forwarded"]
 
 
-def test_client_sent_identity_and_hop_by_hop_headers_never_reach_the_backend(gatehouse, alice):
-    response = get(gatehouse, "/api/contracts/1", alice, headers={
+def test_client_sent_identity_and_hop_by_hop_headers_never_reach_the_backend(gatehouse, relay_path, relay_token):
+    response = get(gatehouse, "/api/contracts/1", relay_token("/api/contracts"), headers={
         "X-BPId": "9999999", "x-subject": "mallory", "X-Email": "spoof@example.test", "X-Forwarded-For": "6.6.6.6",
         "Connection": "keep-alive, X-Private-Hop", "X-Private-Hop": "secret", "Keep-Alive": "timeout=1",
         "TE": "trailers", "Proxy-Authorization": "Basic Zm9vOmJhcg==", "X-Custom": "kept"})
+    assert served_by(gatehouse, response) == relay_path
     headers = response.json()["headers"]
     assert headers["x-bpid"] == "1000123"
     assert headers["x-subject"] == "alice"
@@ -113,21 +122,25 @@ def test_missing_scope_is_403(gatehouse, alice):
     assert "'admin'" in response.json()["detail"]
 
 
-def test_identity_through_json_personal_information(gatehouse, alice):
-    headers = get(gatehouse, "/api/json/x", alice).json()["headers"]
+def test_identity_through_json_personal_information(gatehouse, relay_path, relay_token):
+    response = get(gatehouse, "/api/json/x", relay_token("/api/json"))
+    assert served_by(gatehouse, response) == relay_path
+    headers = response.json()["headers"]
     assert (headers["x-bpid"], headers["x-subject"]) == ("1000123", "alice")
 
 
-def test_identity_through_introspection_with_scope(gatehouse, alice):
-    response = get(gatehouse, "/api/introspected/x", alice)
+def test_identity_through_introspection_with_scope(gatehouse, relay_path, relay_token):
+    response = get(gatehouse, "/api/introspected/x", relay_token("/api/introspected"))
     assert response.status_code == 200, response.text
+    assert served_by(gatehouse, response) == relay_path
     assert response.json()["headers"]["x-subject"] == "alice"
 
 
-def test_identity_through_oidc_userinfo(gatehouse, seen):
-    token = issue_token(gatehouse, seen, client_id="com.example.oidc", scope="openid email")
+def test_identity_through_oidc_userinfo(gatehouse, relay_path, relay_token):
+    token = relay_token("/api/userinfo", client_id="com.example.oidc", scope="openid email")
     response = get(gatehouse, "/api/userinfo/x", token)
     assert response.status_code == 200, response.text
+    assert served_by(gatehouse, response) == relay_path
     assert response.json()["headers"]["x-email"] == "alice@example.test"
 
 
@@ -170,8 +183,11 @@ def test_forged_jwts_are_401(gatehouse, relay_doubles, forge):
     assert get(gatehouse, "/api/jwt/x", token).status_code == 401
 
 
-def test_passthrough_route_sends_the_apps_token(gatehouse, alice):
-    assert get(gatehouse, "/api/passthrough/x", alice).json()["headers"]["authorization"] == f"Bearer {alice}"
+def test_passthrough_route_sends_the_apps_token(gatehouse, relay_path, relay_token):
+    token = relay_token("/api/passthrough")
+    response = get(gatehouse, "/api/passthrough/x", token)
+    assert served_by(gatehouse, response) == relay_path
+    assert response.json()["headers"]["authorization"] == f"Bearer {token}"
 
 
 def test_500_concurrent_first_calls_make_one_identity_call(gatehouse, seen, relay_doubles):
@@ -208,11 +224,16 @@ def test_identity_service_down_is_503_and_signs_nobody_out(gatehouse, alice):
     assert response.json()["code"] == "identity_unavailable"
 
 
-def test_backend_down_is_502_and_slow_is_504(gatehouse, alice):
-    down = get(gatehouse, "/api/down/x", alice)
+def test_backend_down_is_502(gatehouse, relay_path, relay_token):
+    down = get(gatehouse, "/api/down/x", relay_token("/api/down"))
     assert down.status_code == 502 and down.json()["code"] == "backend_unavailable"
-    slow = get(gatehouse, "/api/slow?seconds=3", alice)
+    assert served_by(gatehouse, down) == relay_path
+
+
+def test_backend_slower_than_the_routes_timeout_is_504(gatehouse, relay_path, relay_token):
+    slow = get(gatehouse, "/api/slow?seconds=3", relay_token("/api/slow"))
     assert slow.status_code == 504 and slow.json()["code"] == "backend_timeout"
+    assert served_by(gatehouse, slow) == relay_path
 
 
 def test_unconfigured_paths_and_methods_are_refused(gatehouse, alice):
@@ -224,11 +245,15 @@ def test_unconfigured_paths_and_methods_are_refused(gatehouse, alice):
 
 
 @pytest.mark.parametrize("path", ["/api/contracts/../admin", "/api/contracts/%2e%2e/admin", "/api/contracts//x"])
-def test_paths_that_climb_out_of_the_prefix_are_400(gatehouse, alice, path):
+def test_paths_that_climb_out_of_the_prefix_are_400(gatehouse, relay_path, relay_token, relay_doubles, path):
+    """Refused before the token is looked at, whether or not its identity is cached."""
+    backend = relay_doubles["backend"]
+    mark = backend.mark()
     host = urlsplit(gatehouse["url"])
     connection = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
-    connection.request("GET", path, headers={"Authorization": f"Bearer {alice}"})
+    connection.request("GET", path, headers={"Authorization": f"Bearer {relay_token('/api/contracts')}"})
     assert connection.getresponse().status == 400
+    assert backend.request_lines_since(mark) == []
 
 
 def test_body_over_the_routes_limit_is_413(gatehouse, alice, relay_doubles):
@@ -256,6 +281,7 @@ def test_large_download_and_upload_stream_with_flat_memory(gatehouse, alice, rel
         for chunk in response.iter_content(1 << 20):
             digest.update(chunk)
     assert digest.hexdigest() == relay_doubles["backend"].pattern_sha256(size)
+    assert served_by(gatehouse, response) == "fast"  # logged once the answer has ended
 
     upload_size = 256 << 20
     block = os.urandom(1 << 20)
@@ -269,6 +295,7 @@ def test_large_download_and_upload_stream_with_flat_memory(gatehouse, alice, rel
     response = requests.put(gatehouse["url"] + "/api/contracts/upload", data=chunks(),
                             headers={"Authorization": f"Bearer {alice}"}, timeout=120)
     assert response.status_code == 200, response.text
+    assert served_by(gatehouse, response) == "general"
     assert response.json()["body_bytes"] == upload_size
     assert response.json()["body_sha256"] == sent.hexdigest()
     grown_mib = (peak_rss_kib(pid) - before) / 1024
@@ -276,40 +303,54 @@ def test_large_download_and_upload_stream_with_flat_memory(gatehouse, alice, rel
     assert grown_mib < 64
 
 
-def test_head_request_is_relayed_without_a_body(gatehouse, alice):
-    get(gatehouse, "/api/contracts/warm", alice)
+def test_head_request_is_relayed_without_a_body(gatehouse, relay_path, relay_token):
     response = requests.head(gatehouse["url"] + "/api/contracts/download?bytes=1000",
-                             headers={"Authorization": f"Bearer {alice}"}, timeout=10)
+                             headers={"Authorization": f"Bearer {relay_token('/api/contracts')}"}, timeout=10)
     assert response.status_code == 200
+    assert served_by(gatehouse, response) == relay_path
     assert response.headers["Content-Length"] == "1000"
     assert response.content == b""
 
 
-def test_pipelined_requests_are_answered_in_order(gatehouse, alice):
-    """Cached-identity requests take the event loop's fast path and others go through the
-    general path; on one connection their answers must still come back in request order."""
+def test_pipelined_requests_are_answered_in_order(gatehouse, alice, tokens):
+    """Cached-identity GETs take the event loop's fast path; a POST with a body and a cache miss
+    (a token Gatehouse has never seen) go through the general path, and so do a slow answer and
+    a non-relay endpoint. On one connection their answers must still come back in request order."""
     get(gatehouse, "/api/contracts/warm", alice)
-    host = urlsplit(gatehouse["url"])
-    requests_text = "".join(
-        f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {alice}\r\n\r\n"
-        for path in ["/api/contracts/1", "/api/slow?seconds=0.3", "/api/contracts/2", "/healthz", "/api/contracts/3"])
-    connection = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
-    connection.connect()
-    connection.sock.sendall(requests_text.encode())
-
-    # Every answer is read from one buffered reader: answers that arrive in one segment must
-    # not be lost in the read-ahead of a reader made per answer.
-    reader = connection.sock.makefile("rb")
-    bodies = []
-    for _ in range(5):
-        status = reader.readline()
-        assert status.startswith(b"HTTP/1.1 200"), status
-        length = 0
-        while (line := reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        bodies.append(reader.read(length))
-    answers = [json.loads(body) for body in bodies]
-    seen = [a.get("path") or ("slow" if "slept" in a else a.get("status")) for a in answers]
-    assert seen == ["/contracts/1", "slow", "/contracts/2", "ok", "/contracts/3"]
+    fresh = tokens.fresh()
+    body = os.urandom(3000)
+    auth = [("Authorization", f"Bearer {alice}")]
+    sequence = [  # (request, the path that must serve it or None when either may, what identifies its answer)
+        (request("GET", "/api/contracts/1", auth), "fast", "/contracts/1"),
+        (request("POST", "/api/contracts/posted", auth + [("Content-Type", "application/octet-stream")], body), "general",
+         "/contracts/posted"),
+        (request("GET", "/api/contracts/2", auth), None, "/contracts/2"),
+        (request("GET", "/api/contracts/missed", [("Authorization", f"Bearer {fresh}")]), "general", "/contracts/missed"),
+        (request("GET", "/api/contracts/3", auth), None, "/contracts/3"),
+        (request("GET", "/api/slow?seconds=0.3", auth), None, "slow"),
+        (request("GET", "/healthz"), None, "ok"),
+        (request("GET", "/api/contracts/4", auth), None, "/contracts/4"),
+    ]
+    with RawClient(urlsplit(gatehouse["url"]).port) as client:
+        client.send(b"".join(payload for payload, _, _ in sequence))
+        # Every answer is read from one buffer: answers that arrive in one segment must not be
+        # lost in the read-ahead of a reader made per answer.
+        answers = [client.read_response(timeout=30) for _ in sequence]
+    assert all(answer is not None and answer.status == 200 for answer in answers), answers
+    bodies = [answer.json() for answer in answers]
+    seen = [b.get("path") or ("slow" if "slept" in b else b.get("status")) for b in bodies]
+    assert seen == [expected for _, _, expected in sequence]
+    posted = bodies[1]
+    assert posted["method"] == "POST" and posted["body_bytes"] == len(body)
+    assert posted["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert bodies[3]["headers"]["x-subject"] == "alice"
+    ids = [answer.request_id for answer in answers]
+    assert len(set(ids)) == len(ids)
+    for answer, (_, path, expected) in zip(answers, sequence):
+        served = served_by(gatehouse, answer)
+        if expected == "ok":
+            assert served is None  # not a relayed request
+        elif path is not None:
+            assert served == path, (expected, served)
+        else:
+            assert served in ("fast", "general"), (expected, served)

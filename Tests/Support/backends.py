@@ -77,6 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     timeout = 120  # idle/slow socket limit per connection; stop() ends them sooner
+    # The head and the body go out in two writes: without TCP_NODELAY the body waits for
+    # the peer's delayed ACK of the head (40 ms per answer on Linux loopback).
+    disable_nagle_algorithm = True
 
     def __getattr__(self, name):  # do_GET, do_POST, do_PATCH, ... all go to _dispatch
         if name.startswith("do_"):
@@ -226,6 +229,11 @@ class _Server:
 # --------------------------------------------------------------------------- EchoBackend
 
 class _EchoHandler(_Handler):
+    def parse_request(self):
+        # Recorded before http.server parses it: a target it would refuse or split still counts.
+        self.owner._record_line(self.raw_requestline)
+        return super().parse_request()
+
     def respond(self):
         backend = self.owner
         digest = hashlib.sha256()
@@ -295,6 +303,10 @@ class EchoBackend(_Server):
     Attributes: `requests` (the last `history` request records, oldest first, each the
     dict above; the body itself is never kept), `last_request`, plus the counters of
     every server here (calls, connections, in_flight, max_in_flight, reset()).
+
+    Request lines: every request line the backend read, raw, before any parsing (so one
+    http.server would refuse is recorded too): `mark()` is a position, and
+    `request_lines_since(mark)` the (method, target) pairs (bytes) read since it.
     """
 
     RESPONSE_HEADERS = [("Connection", "keep-alive"), ("Keep-Alive", "timeout=5")]
@@ -302,11 +314,29 @@ class EchoBackend(_Server):
 
     def __init__(self, history=100):
         self._history = deque(maxlen=history)
+        self._lines = []
         super().__init__(_EchoHandler)
 
     def _record(self, record):
         with self._lock:
             self._history.append(record)
+
+    def _record_line(self, raw):
+        line = raw.rstrip(b"\r\n")
+        method, _, rest = line.partition(b" ")
+        target = rest.rpartition(b" ")[0] if rest.endswith((b" HTTP/1.1", b" HTTP/1.0")) else rest
+        with self._lock:
+            self._lines.append((method, target))
+
+    def mark(self):
+        """A position in the request lines read so far."""
+        with self._lock:
+            return len(self._lines)
+
+    def request_lines_since(self, mark):
+        """(method, target) of every request line read since `mark`, raw bytes."""
+        with self._lock:
+            return list(self._lines[mark:])
 
     @property
     def requests(self):

@@ -39,12 +39,15 @@ def wait_for_line(stream, pattern, timeout, what):
     return found["line"]
 
 
-def pump(stream, sink):
-    """Copies the rest of a process's output to a file, so the pipe never fills."""
+def pump(stream, sink, on_line=None):
+    """Copies the rest of a process's output to a file, so the pipe never fills; `on_line`
+    (e.g. a LogFollower's `feed`) sees every line too."""
     def run():
         for line in iter(stream.readline, ""):
             sink.write(line)
             sink.flush()
+            if on_line is not None:
+                on_line(line)
     threading.Thread(target=run, daemon=True).start()
 
 

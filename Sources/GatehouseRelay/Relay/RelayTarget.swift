@@ -1,3 +1,5 @@
+import GatehouseCore
+
 /// The request target a relayed request is sent with: the route's backend path followed by
 /// the app's own bytes after the route prefix, query included, byte for byte.
 ///
@@ -60,15 +62,6 @@ public struct RelayTarget: Sendable, Equatable {
         return table
     }()
 
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
-        default: nil
-        }
-    }
-
     /// Checks the rest of the path (it starts with `/` or is empty). One pass, no allocation
     /// unless a percent-encoded non-ASCII byte needs UTF-8 validation.
     static func checkPath(_ rest: Substring.UTF8View) -> Refusal? {
@@ -103,7 +96,7 @@ public struct RelayTarget: Sendable, Equatable {
             if byte == UInt8(ascii: "%") {
                 let high = rest.index(after: index)
                 guard high < rest.endIndex, rest.index(after: high) < rest.endIndex,
-                      let h = hexValue(rest[high]), let l = hexValue(rest[rest.index(after: high)]) else {
+                      let h = PercentEncoding.hexValue(rest[high]), let l = PercentEncoding.hexValue(rest[rest.index(after: high)]) else {
                     return Refusal(description: "The path has a malformed percent-encoding")
                 }
                 decoded = h << 4 | l
@@ -140,7 +133,7 @@ public struct RelayTarget: Sendable, Equatable {
             if byte == UInt8(ascii: "%") {
                 let high = query.index(after: index)
                 guard high < query.endIndex, query.index(after: high) < query.endIndex,
-                      hexValue(query[high]) != nil, hexValue(query[query.index(after: high)]) != nil else {
+                      PercentEncoding.hexValue(query[high]) != nil, PercentEncoding.hexValue(query[query.index(after: high)]) != nil else {
                     return Refusal(description: "The query has a malformed percent-encoding")
                 }
                 index = query.index(index, offsetBy: 3)
@@ -162,8 +155,8 @@ public struct RelayTarget: Sendable, Equatable {
         var index = rest.startIndex
         while index < rest.endIndex {
             let byte = rest[index]
-            if byte == UInt8(ascii: "%"), let h = hexValue(rest[rest.index(after: index)]),
-               let l = hexValue(rest[rest.index(index, offsetBy: 2)]) {
+            if byte == UInt8(ascii: "%"), let h = PercentEncoding.hexValue(rest[rest.index(after: index)]),
+               let l = PercentEncoding.hexValue(rest[rest.index(index, offsetBy: 2)]) {
                 decoded.append(h << 4 | l)
                 index = rest.index(index, offsetBy: 3)
             } else {

@@ -86,6 +86,10 @@ struct ConnectionEdgeStateMachine {
         continuePending = false
     }
 
+    /// A request's body is being read: a parse error now belongs to that request (its reader
+    /// must fail), not to a request of its own.
+    var readingBody: Bool { inFlight > 0 && !requestComplete }
+
     /// Someone that will read the body asks for `100 Continue`: whether to write it now.
     mutating func continueRequested() -> Bool {
         guard continuePending, inFlight == 1, phase == .busy else { return false }

@@ -83,6 +83,15 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         context.fireChannelRead(data)
     }
 
+    /// A request NIO's parser refuses (bad bytes in a head, broken chunked framing) is answered
+    /// 400 in its turn: after the answers to the requests before it, never in their place. A
+    /// parse error within a body in flight goes on, so that its reader fails (a 400 too).
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard error is HTTPParserError, !state.readingBody else { return context.fireErrorCaught(error) }
+        let problem = GatehouseProblem.badRequest("The request is not valid HTTP/1.1.")
+        perform(state.headArrived(expectsContinue: false, refusal: (problem: problem, instance: "/")), context: context)
+    }
+
     // MARK: Outbound
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {

@@ -148,6 +148,8 @@ extension Gatehouse {
             return try await request.collectBody(upTo: maximum)
         } catch let error as HTTPError where error.status == .contentTooLarge {
             throw RelayBodyTooLarge(limit: limit)
+        } catch is NIOTooManyBytesError {
+            throw RelayBodyTooLarge(limit: limit)
         } catch {
             throw RelayClientBodyError()
         }

@@ -1,0 +1,13 @@
+/// RFC 3986 §2.1 percent-encoding, at the byte level.
+public enum PercentEncoding {
+    /// The value of one hex digit, or `nil` when `byte` is not one.
+    @inlinable
+    public static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
