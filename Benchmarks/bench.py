@@ -8,7 +8,10 @@
     bench.py fetch URL [--header H] [--expect-status N] [--expect-body FILE]
     bench.py token                            a random bearer token
     bench.py table --direct F --proxy F [--gatehouse F | --gatehouse-failed REASON]
-                                              the Markdown result table from wrk outputs
+                   [--baseline F | --baseline-failed REASON]
+                                              the Markdown result table from wrk outputs; with a
+                                              baseline, a "gatehouse (baseline)" row and a line
+                                              comparing the two binaries
     bench.py sealed-table --passthrough F|--passthrough-failed R --sealed F|--sealed-failed R
                                               the second table: sealed on PostgreSQL vs passthrough on SQLite
 """
@@ -188,17 +191,19 @@ def fmt_ms(value):
 
 
 def table(args):
-    rows = [("nginx direct", args.direct), ("nginx proxy", args.proxy)]
-    if args.gatehouse:
-        rows.append(("gatehouse", args.gatehouse))
-    elif args.gatehouse_failed:
-        rows.append(("gatehouse", None))
+    baseline_name = "gatehouse (baseline)"
+    # (name, wrk output or None, why it failed); the baseline ran before the current binary.
+    rows = [("nginx direct", args.direct, None), ("nginx proxy", args.proxy, None)]
+    if args.baseline or args.baseline_failed:
+        rows.append((baseline_name, args.baseline, args.baseline_failed))
+    if args.gatehouse or args.gatehouse_failed:
+        rows.append(("gatehouse", args.gatehouse, args.gatehouse_failed))
 
     results, notes = {}, []
-    for name, path in rows:
+    for name, path, failed in rows:
         if path is None:
             results[name] = None
-            notes.append(f"- gatehouse: FAILED ({args.gatehouse_failed})")
+            notes.append(f"- {name}: FAILED ({failed})")
             continue
         try:
             results[name] = parse_wrk(path)
@@ -220,7 +225,7 @@ def table(args):
 
     out = ["| target | requests/s | p50 ms | p99 ms | vs nginx proxy | vs direct |",
            "|---|---:|---:|---:|---:|---:|"]
-    for name, _ in rows:
+    for name, _, _ in rows:
         r = results[name]
         if r is None:
             out.append(f"| {name} | failed | - | - | - | - |")
@@ -237,6 +242,19 @@ def table(args):
         out.append("p99 delta vs nginx proxy: n/a (gatehouse failed)")
     else:
         out.append("p99 delta vs nginx proxy: n/a (gatehouse not run)")
+    if baseline_name in results:
+        base = results[baseline_name]
+        if base and proxy:
+            out.append(f"p99 delta vs nginx proxy, baseline: {base['p99'] - proxy['p99']:+.2f} ms")
+        else:
+            out.append("p99 delta vs nginx proxy, baseline: n/a (baseline failed)")
+        if gate and base and base["rps"]:
+            out.append(f"current vs baseline: requests/s {gate['rps'] / base['rps']:.2f}x "
+                       f"({gate['rps']:,.0f} / {base['rps']:,.0f}), "
+                       f"p50 {gate['p50'] - base['p50']:+.3f} ms, p99 {gate['p99'] - base['p99']:+.2f} ms"
+                       + (" (INVALID: non-2xx responses, see below)" if gate["non2xx"] or base["non2xx"] else ""))
+        else:
+            out.append("current vs baseline: n/a (" + ("baseline" if not base else "gatehouse") + " failed)")
     if notes:
         out.append("")
         out.extend(notes)
@@ -332,6 +350,8 @@ def main():
     p.add_argument("--proxy", required=True)
     p.add_argument("--gatehouse")
     p.add_argument("--gatehouse-failed")
+    p.add_argument("--baseline")
+    p.add_argument("--baseline-failed")
     p.set_defaults(func=table)
 
     p = sub.add_parser("sealed-table")

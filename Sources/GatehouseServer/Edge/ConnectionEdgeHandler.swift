@@ -69,10 +69,9 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         let part = unwrapInboundIn(data)
         switch part {
         case .head(let head):
-            let expect = head.headers["expect"]
-            let refusal = Self.refusal(of: head).map { (problem: $0, instance: Self.instance(head.uri)) }
-            let expectsContinue = expect.count == 1 && expect[0].lowercased() == "100-continue"
-            perform(state.headArrived(expectsContinue: expectsContinue, refusal: refusal), context: context)
+            let framing = Self.framing(of: head)
+            let refusal = framing.refusal.map { (problem: $0, instance: Self.instance(head.uri)) }
+            perform(state.headArrived(expectsContinue: framing.expectsContinue, refusal: refusal), context: context)
             guard refusal == nil, state.forwardsInbound else { return }
         case .body:
             guard state.forwardsInbound else { return }
@@ -174,23 +173,45 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     // MARK: Framing (RFC 9112)
 
-    /// A connection-level refusal of `head`, or `nil` when it may go on.
-    static func refusal(of head: HTTPRequestHead) -> GatehouseProblem? {
-        let hosts = head.headers["host"]
-        if head.version == .http1_1 ? hosts.count != 1 : hosts.count > 1 {
-            return .badRequest("An HTTP/1.1 request needs exactly one Host header.")
+    /// A connection-level refusal of `head` (`nil` when it may go on), and whether it waits
+    /// for `100 Continue`. One pass over the fields; nothing allocated for a plain request.
+    static func framing(of head: HTTPRequestHead) -> (refusal: GatehouseProblem?, expectsContinue: Bool) {
+        var hosts = 0
+        var codings: [Substring] = []
+        var expectations: [String] = []
+        for (name, value) in head.headers {
+            if Self.isNamed(name, "host") {
+                hosts += 1
+            } else if Self.isNamed(name, "transfer-encoding") {
+                codings += value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased()[...] }
+            } else if Self.isNamed(name, "expect") {
+                expectations.append(value.trimmingCharacters(in: .whitespaces).lowercased())
+            }
         }
-        let codings = head.headers["transfer-encoding"].flatMap { $0.split(separator: ",") }
-            .map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        if head.version == .http1_1 ? hosts != 1 : hosts > 1 {
+            return (.badRequest("An HTTP/1.1 request needs exactly one Host header."), false)
+        }
         if !codings.isEmpty {
-            guard codings.last == "chunked" else { return .badRequest("The body's length cannot be determined: chunked must be the last transfer coding.") }
-            guard codings.count == 1 else { return .notImplemented("Gatehouse takes no transfer coding but chunked.") }
+            guard codings.last == "chunked" else {
+                return (.badRequest("The body's length cannot be determined: chunked must be the last transfer coding."), false)
+            }
+            guard codings.count == 1 else { return (.notImplemented("Gatehouse takes no transfer coding but chunked."), false) }
         }
-        let expect = head.headers["expect"]
-        if !expect.isEmpty, expect.count != 1 || expect[0].lowercased() != "100-continue" {
-            return .expectationFailed()
+        if !expectations.isEmpty {
+            guard expectations == ["100-continue"] else { return (.expectationFailed(), false) }
+            return (nil, true)
         }
-        return nil
+        return (nil, false)
+    }
+
+    /// Whether header `name` is `lowercase` (ASCII case ignored; `_` is not `-` here: NIO's parser
+    /// does not read `Transfer_Encoding` as framing, so neither does the edge).
+    private static func isNamed(_ name: String, _ lowercase: StaticString) -> Bool {
+        let utf8 = name.utf8
+        guard utf8.count == lowercase.utf8CodeUnitCount else { return false }
+        return lowercase.withUTF8Buffer { expected in
+            zip(utf8, expected).allSatisfy { ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }
+        }
     }
 
     private static func instance(_ uri: String) -> String {
