@@ -25,8 +25,13 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let idleTimeout: TimeAmount
     private let logger: Logger
     private var state = ConnectionEdgeStateMachine()
+    /// When the running head or idle timeout expires; `nil` when none runs. The scheduled task
+    /// is not cancelled and rescheduled for every request (that would cost a heap operation on
+    /// the event loop each time): it fires at its time, and sleeps again until `deadline` when
+    /// the deadline moved, or does nothing when none runs.
+    private var deadline: NIODeadline?
     private var timer: Scheduled<Void>?
-    private var timerGeneration = 0
+    private var timerAt: NIODeadline?
     private var context: ChannelHandlerContext?
     private var closeAfterResponse = false
 
@@ -47,13 +52,15 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        if timer == nil, state.phase == .readingHead { perform(state.opened(), context: context) }
+        if deadline == nil, state.phase == .readingHead { perform(state.opened(), context: context) }
         context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
+        timerAt = nil
+        deadline = nil
         context.fireChannelInactive()
     }
 
@@ -138,15 +145,12 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .armIdleTimer:
             arm(idleTimeout, context: context)
         case .cancelTimer:
-            timer?.cancel()
-            timer = nil
+            deadline = nil
         case .close:
-            timer?.cancel()
-            timer = nil
+            deadline = nil
             context.close(promise: nil)
         case .answerAndClose(let problem, let instance):
-            timer?.cancel()
-            timer = nil
+            deadline = nil
             logger.info("request refused at the edge", metadata: ["code": .string(problem.code), "status": .stringConvertible(problem.status)])
             let body = JSONCoding.encode(ProblemBody(problem, instance: instance))
             let headers: HTTPHeaders = [
@@ -161,12 +165,22 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     }
 
     private func arm(_ timeout: TimeAmount, context: ChannelHandlerContext) {
+        let when = context.eventLoop.now + timeout
+        deadline = when
+        if let timerAt, timerAt <= when { return }  // it fires first, then sleeps on to `when`
         timer?.cancel()
-        timerGeneration &+= 1
-        let generation = timerGeneration
-        timer = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) { [weak self] in
-            guard let self, self.timerGeneration == generation, let context = self.context else { return }
+        schedule(at: when, context: context)
+    }
+
+    private func schedule(at when: NIODeadline, context: ChannelHandlerContext) {
+        timerAt = when
+        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: when) { [weak self] in
+            guard let self, let context = self.context else { return }
             self.timer = nil
+            self.timerAt = nil
+            guard let deadline = self.deadline else { return }
+            if deadline > context.eventLoop.now { return self.schedule(at: deadline, context: context) }
+            self.deadline = nil
             self.perform(self.state.timerFired(), context: context)
         }
     }
