@@ -92,11 +92,13 @@ public enum GatehouseApplication {
         let limiter = ConnectionLimiter(maximum: configuration.server.maximumConnections)
         let headerReadTimeout = TimeAmount.nanoseconds(configuration.server.headerReadTimeout.inNanoseconds)
         let idleTimeout = TimeAmount.nanoseconds(configuration.server.idleTimeout.inNanoseconds)
+        let bodyReadTimeout = TimeAmount.nanoseconds(configuration.server.bodyReadTimeout.inNanoseconds)
         var app = Application(
             router: router(for: gatehouse),
             server: .http1(configuration: .init(additionalChannelHandlers: [
-                EdgeInstaller(limiter: limiter,
-                              edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, idleTimeout: idleTimeout, logger: logger) },
+                EdgeInstaller(limiter: limiter, logger: logger,
+                              edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, bodyReadTimeout: bodyReadTimeout,
+                                                            idleTimeout: idleTimeout, logger: logger) },
                               fastPath: fastPath.map { fastPath in
                                   { FastRelayHandler(planner: fastPath.planner, pool: fastPath.pool, logger: logger) }
                               }),

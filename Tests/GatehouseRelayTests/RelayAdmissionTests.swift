@@ -83,6 +83,8 @@ struct RelayAdmissionTests {
         "X-Original-URL", "X-Original-URI", "X-Rewrite-URL", "True-Client-IP", "X-Client-IP", "Client-IP", "CF-Connecting-IP",
         "X-Cluster-Client-IP", "Fastly-Client-IP", "X-Originating-IP", "X-Remote-IP", "X-Remote-Addr", "X-Host", "X-Original-Host",
         "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "Via", "X-Request-Id", "X-Client-Request-Id",
+        "X-Original-Forwarded-For", "X-Remote-User", "Remote-User", "X-Authenticated-User", "X-WEBAUTH-USER",
+        "X-Auth-Request-User", "X-Auth-Request-Email", "X-Auth-Request-Groups", "X-Envoy-Original-Path",
     ])
     func forwardingHeadersFromTheClientNeverReachTheBackend(name: String) {
         let policy = RelayHeaderPolicy(route: Self.route, allIdentityHeaders: [])

@@ -23,6 +23,9 @@ struct RelayRulesTests {
         #expect(configuration.route(for: "/api/contracts/9")?.backend == "http://b/2")
         #expect(configuration.route(for: "/api/other")?.backend == "http://b/1")
         #expect(configuration.route(for: "/oauth/token") == nil)
+        // Path parameters never let a request slip past the stricter, longer prefix.
+        #expect(configuration.route(for: "/api/contracts;x/9")?.backend == "http://b/2")
+        #expect(configuration.route(for: "/api;a/contracts;b=c/9")?.backend == "http://b/2")
     }
 
     @Test func identityAndHopByHopHeadersNeverCross() {

@@ -131,6 +131,32 @@ struct FastRelayHandlerTests {
         #expect(try harness.written() == ["head 202 ", "end"])
     }
 
+    /// An exchange started from the queue still has its `.end` queued: a request arriving
+    /// meanwhile is queued behind it, never swallowed as that exchange's remainder.
+    @Test func aRequestArrivingDuringAQueuedExchangeIsAnswered() throws {
+        let harness = try Harness()
+        try harness.request("/fast/1")
+        try harness.request("/fast/2")
+        let (backend1, connection1) = try harness.backend()
+        harness.connector.pending.removeFirst().succeed((connection1, reused: false))
+        _ = try backend1.readOutbound(as: HTTPClientRequestPart.self)
+        try harness.answer(backend1, body: "one")
+        // /fast/2 now runs, started from the queue; /fast/3 arrives from the network.
+        try harness.request("/fast/3")
+        let (backend2, connection2) = try harness.backend()
+        harness.connector.pending.removeFirst().succeed((connection2, reused: false))
+        _ = try backend2.readOutbound(as: HTTPClientRequestPart.self)
+        try harness.answer(backend2, body: "two")
+        let (backend3, connection3) = try harness.backend()
+        try #require(!harness.connector.pending.isEmpty, "/fast/3 was swallowed: no connection was asked for it")
+        harness.connector.pending.removeFirst().succeed((connection3, reused: false))
+        guard case .head(let sent) = try backend3.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("/fast/3 was lost"); return }
+        #expect(sent.uri == "/b/3")
+        try harness.answer(backend3, body: "three")
+        #expect(try harness.written() == ["head 200 rid-/fast/1", "body one", "end", "head 200 rid-/fast/2", "body two", "end",
+                                          "head 200 rid-/fast/3", "body three", "end"])
+    }
+
     /// A backend that closes mid-answer: the app's connection cannot be saved and is closed.
     @Test func aBackendClosingMidResponseClosesTheAppConnection() throws {
         let harness = try Harness()

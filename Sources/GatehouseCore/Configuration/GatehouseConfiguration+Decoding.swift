@@ -89,6 +89,7 @@ extension GatehouseConfiguration {
         settings.upstreamConnectTimeout = map.duration("upstream_connect_timeout", in: .milliseconds(10)...(.seconds(60)))
             ?? settings.upstreamConnectTimeout
         settings.headerReadTimeout = map.duration("header_read_timeout", in: .milliseconds(100)...(.seconds(300))) ?? settings.headerReadTimeout
+        settings.bodyReadTimeout = map.duration("body_read_timeout", in: .milliseconds(100)...(.seconds(3600))) ?? settings.bodyReadTimeout
         settings.idleTimeout = map.duration("idle_timeout", in: .milliseconds(100)...(.seconds(3600))) ?? settings.idleTimeout
         settings.maximumConnections = map.integer("max_connections", in: 1...1_000_000) ?? settings.maximumConnections
         if let path = map.string("signing_key_file") {

@@ -23,8 +23,20 @@ public struct GatehouseConfiguration: Sendable {
     }
 
     /// The route owning `path`: the longest matching prefix.
+    ///
+    /// Path parameters (`;…` up to the next `/`) are left out of the match, as servlet
+    /// containers leave them out: `/api/admin;x/users` is matched as `/api/admin/users`, so it
+    /// can never slip past a stricter route to a looser one (the relay then refuses it, since its
+    /// raw bytes are not under the prefix).
     public func route(for path: String) -> RouteSettings? {
-        routes.first { $0.owns(path) }
+        guard path.utf8.contains(UInt8(ascii: ";")) else { return routes.first { $0.owns(path) } }
+        var stripped = ""
+        var inParameters = false
+        for character in path {
+            if character == ";" { inParameters = true } else if character == "/" { inParameters = false }
+            if !inParameters { stripped.append(character) }
+        }
+        return routes.first { $0.owns(stripped) }
     }
 }
 
@@ -47,6 +59,8 @@ public struct ServerSettings: Sendable {
     /// How long a client has to send a whole request head, from the connection's opening or
     /// from the first byte after an idle keep-alive period (nginx `client_header_timeout`).
     public var headerReadTimeout: Duration = .seconds(30)
+    /// The longest silence between two parts of a request body (nginx `client_body_timeout`).
+    public var bodyReadTimeout: Duration = .seconds(60)
     /// How long a keep-alive connection may sit idle between requests (nginx `keepalive_timeout`).
     public var idleTimeout: Duration = .seconds(75)
     /// Open client connections per process; beyond, a new connection is answered 503 and closed.

@@ -19,10 +19,12 @@ public struct RelayHeaderPolicy: Sendable {
         "forwarded", "x-forwarded", "x-real-ip", "x-original-url", "x-original-uri", "x-rewrite-url",
         "true-client-ip", "x-client-ip", "client-ip", "cf-connecting-ip", "x-cluster-client-ip", "fastly-client-ip",
         "x-originating-ip", "x-remote-ip", "x-remote-addr", "x-host", "x-original-host",
-        "x-http-method-override", "x-http-method", "x-method-override",
+        "x-http-method-override", "x-http-method", "x-method-override", "x-original-forwarded-for",
+        "x-remote-user", "remote-user", "x-authenticated-user", "x-webauth-user",
     ]
-    /// Any header whose name starts with this (`_` read as `-`) is dropped.
-    public static let forwardedPrefix = Array("x-forwarded-".utf8)
+    /// Any header whose name starts with one of these (`_` read as `-`) is dropped: the forwarding
+    /// family, oauth2-proxy's identity headers, Envoy's internal ones.
+    public static let neverFromClientPrefixes = ["x-forwarded-", "x-auth-request-", "x-envoy-"].map { Array($0.utf8) }
 
     /// Lower-cased identity header names of the route: a client can never send its own.
     public let identityHeaders: Set<String>
@@ -102,6 +104,11 @@ public struct RelayHeaderPolicy: Sendable {
                 while token.first == UInt8(ascii: " ") || token.first == UInt8(ascii: "\t") { token = token.dropFirst() }
                 while token.last == UInt8(ascii: " ") || token.last == UInt8(ascii: "\t") { token = token.dropLast() }
                 if !token.isEmpty { tokens.insert(String(decoding: token.map { $0 | (($0 >= 65 && $0 <= 90) ? 0x20 : 0) }, as: UTF8.self)) }
+                // `Connection: X_Private` names `X-Private` too, as header names are compared.
+                if token.contains(UInt8(ascii: "_")) {
+                    tokens.insert(String(decoding: token.map { $0 == UInt8(ascii: "_") ? UInt8(ascii: "-") : ($0 | (($0 >= 65 && $0 <= 90) ? 0x20 : 0)) },
+                                         as: UTF8.self))
+                }
             }
         }
         return tokens
@@ -120,10 +127,11 @@ public struct RelayHeaderPolicy: Sendable {
 
     private static func hasForwardedPrefix(_ name: String) -> Bool {
         let utf8 = name.utf8
-        guard utf8.count >= forwardedPrefix.count else { return false }
-        return zip(utf8, forwardedPrefix).allSatisfy { byte, expected in
-            let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
-            return folded == expected
+        return neverFromClientPrefixes.contains { prefix in
+            utf8.count >= prefix.count && zip(utf8, prefix).allSatisfy { byte, expected in
+                let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
+                return folded == expected
+            }
         }
     }
 

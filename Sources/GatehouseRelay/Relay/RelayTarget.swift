@@ -14,6 +14,8 @@ import GatehouseCore
 /// - a path whose percent-decoded bytes are not valid UTF-8 (overlong forms such as `%c0%ae`,
 ///   surrogates, lone continuation bytes), or decode to a control character (`%00`–`%1f`, `%7f`);
 /// - an encoded `/` or `\` (`%2f`, `%5c`), which servers disagree about;
+/// - an encoded unreserved character (`%41`, `%2e`): RFC 3986 §6.2.2.2 lets a backend decode
+///   it, and a path that changes when normalised could have matched another route;
 /// - an empty segment, or a segment whose part before its first `;` decodes to nothing, `.`
 ///   or `..` (servlet containers read `..;x` as `..`).
 public struct RelayTarget: Sendable, Equatable {
@@ -51,6 +53,16 @@ public struct RelayTarget: Sendable, Equatable {
     }
 
     // MARK: The rules
+
+    /// RFC 3986 `unreserved`: `A–Z a–z 0–9 - . _ ~`.
+    private static let unreserved: [Bool] = {
+        var table = [Bool](repeating: false, count: 256)
+        for byte in UInt8(ascii: "a")...UInt8(ascii: "z") { table[Int(byte)] = true }
+        for byte in UInt8(ascii: "A")...UInt8(ascii: "Z") { table[Int(byte)] = true }
+        for byte in UInt8(ascii: "0")...UInt8(ascii: "9") { table[Int(byte)] = true }
+        for byte in "-._~".utf8 { table[Int(byte)] = true }
+        return table
+    }()
 
     /// RFC 3986 `unreserved / sub-delims / ":" / "@"`, without `%`.
     private static let pchar: [Bool] = {
@@ -103,6 +115,11 @@ public struct RelayTarget: Sendable, Equatable {
                 if decoded < 0x20 || decoded == 0x7F { return Refusal(description: "The path encodes a control character") }
                 if decoded == UInt8(ascii: "/") || decoded == UInt8(ascii: "\\") {
                     return Refusal(description: "The path has an encoded '/' or '\\'")
+                }
+                if unreserved[Int(decoded)] {
+                    // RFC 3986 §6.2.2.2: a backend may decode it, and then read another path
+                    // (`%61dmin` is `admin`) than the one routes were matched on.
+                    return Refusal(description: "The path percent-encodes a character that needs no encoding")
                 }
                 if decoded >= 0x80 { nonASCII = true }
                 index = rest.index(index, offsetBy: 3)

@@ -1,7 +1,7 @@
 import GatehouseCore
 
 /// The life of one client connection at Gatehouse's edge, as a pure value: which timer runs
-/// (head read, keep-alive idle), how many requests are in flight, a request refused at the
+/// (head read, body read, keep-alive idle), how many requests are in flight, a request refused at the
 /// connection level (answered once earlier answers are out, then the connection closes),
 /// and `Expect: 100-continue`. `ConnectionEdgeHandler` carries out what it decides.
 struct ConnectionEdgeStateMachine {
@@ -11,7 +11,9 @@ struct ConnectionEdgeStateMachine {
         case idle
         /// Bytes of a request head are arriving: the head timer runs.
         case readingHead
-        /// At least one request is in flight: no edge timer (routes have their own).
+        /// At least one request is in flight. While its body arrives the body timer runs
+        /// between two parts (not while the app waits for `100 Continue`); then none (the
+        /// route's timeout covers the backend).
         case busy
         /// A request was refused; the refusal is written once the answers before it are out.
         case rejecting(GatehouseProblem, instance: String)
@@ -22,6 +24,7 @@ struct ConnectionEdgeStateMachine {
         case none
         case armHeaderTimer
         case armIdleTimer
+        case armBodyTimer
         case cancelTimer
         /// Write this problem with `Connection: close`, then close.
         case answerAndClose(GatehouseProblem, instance: String)
@@ -77,13 +80,19 @@ struct ConnectionEdgeStateMachine {
         phase = .busy
         requestComplete = false
         continuePending = expectsContinue && inFlight == 1
-        return .cancelTimer
+        return continuePending ? .cancelTimer : .armBodyTimer
+    }
+
+    /// A part of the request's body arrived: the body timer starts again.
+    mutating func bodyPartArrived() -> Action {
+        readingBody && phase == .busy ? .armBodyTimer : .none
     }
 
     /// The request's last part (`.end`) arrived.
-    mutating func requestEnded() {
+    mutating func requestEnded() -> Action {
         requestComplete = true
         continuePending = false
+        return phase == .busy ? .cancelTimer : .none
     }
 
     /// A request's body is being read: a parse error now belongs to that request (its reader
@@ -124,6 +133,10 @@ struct ConnectionEdgeStateMachine {
     mutating func timerFired() -> Action {
         switch phase {
         case .idle, .readingHead:
+            phase = .closed
+            return .close
+        case .busy where readingBody && !continuePending:
+            // A body that stalls: the request cannot be completed, nor answered cleanly.
             phase = .closed
             return .close
         default:

@@ -22,6 +22,7 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     typealias OutboundOut = HTTPServerResponsePart
 
     private let headerReadTimeout: TimeAmount
+    private let bodyReadTimeout: TimeAmount
     private let idleTimeout: TimeAmount
     private let logger: Logger
     private var state = ConnectionEdgeStateMachine()
@@ -35,8 +36,9 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var context: ChannelHandlerContext?
     private var closeAfterResponse = false
 
-    init(headerReadTimeout: TimeAmount, idleTimeout: TimeAmount, logger: Logger) {
+    init(headerReadTimeout: TimeAmount, bodyReadTimeout: TimeAmount = .seconds(60), idleTimeout: TimeAmount, logger: Logger) {
         self.headerReadTimeout = headerReadTimeout
+        self.bodyReadTimeout = bodyReadTimeout
         self.idleTimeout = idleTimeout
         self.logger = logger
     }
@@ -82,9 +84,10 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
             guard refusal == nil, state.forwardsInbound else { return }
         case .body:
             guard state.forwardsInbound else { return }
+            perform(state.bodyPartArrived(), context: context)
         case .end:
             guard state.forwardsInbound else { return }
-            state.requestEnded()
+            perform(state.requestEnded(), context: context)
         }
         context.fireChannelRead(data)
     }
@@ -93,6 +96,9 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// 400 in its turn: after the answers to the requests before it, never in their place. A
     /// parse error within a body in flight goes on, so that its reader fails (a 400 too).
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if case .dataReceivedInErrorState = error as? ByteToMessageDecoderError, !state.forwardsInbound {
+            return  // bytes after a parse error already being answered: nothing more to say
+        }
         guard error is HTTPParserError, !state.readingBody else { return context.fireErrorCaught(error) }
         let problem = GatehouseProblem.badRequest("The request is not valid HTTP/1.1.")
         perform(state.headArrived(expectsContinue: false, refusal: (problem: problem, instance: "/")), context: context)
@@ -114,12 +120,15 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .head, .body:
             context.write(data, promise: promise)
         case .end:
-            context.write(data, promise: promise)
             if closeAfterResponse {
-                context.flush()
-                context.close(promise: nil)
+                // Closed once the answer is out, never before (its last bytes would be lost).
+                let written = context.eventLoop.makePromise(of: Void.self)
+                if let promise { written.futureResult.cascade(to: promise) }
+                context.writeAndFlush(data, promise: written)
+                written.futureResult.assumeIsolated().whenComplete { _ in context.close(promise: nil) }
                 return
             }
+            context.write(data, promise: promise)
             perform(state.responseEnded(), context: context)
         }
     }
@@ -129,6 +138,7 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         if state.continueRequested() {
             let head = HTTPResponseHead(version: .http1_1, status: .continue)
             context.writeAndFlush(wrapOutboundOut(.head(head)), promise: promise)
+            arm(bodyReadTimeout, context: context)
         } else {
             promise?.succeed()
         }
@@ -144,6 +154,8 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
             arm(headerReadTimeout, context: context)
         case .armIdleTimer:
             arm(idleTimeout, context: context)
+        case .armBodyTimer:
+            arm(bodyReadTimeout, context: context)
         case .cancelTimer:
             deadline = nil
         case .close:
@@ -211,7 +223,8 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
             }
             guard codings.count == 1 else { return (.notImplemented("Gatehouse takes no transfer coding but chunked."), false) }
         }
-        if !expectations.isEmpty {
+        // RFC 9110 §10.1.1: an HTTP/1.0 client cannot wait for 100 Continue; its Expect is ignored.
+        if !expectations.isEmpty, head.version == .http1_1 {
             guard expectations == ["100-continue"] else { return (.expectationFailed(), false) }
             return (nil, true)
         }
@@ -326,20 +339,29 @@ final class EdgeInstaller: ChannelInboundHandler, RemovableChannelHandler {
     private let limiter: ConnectionLimiter
     private let makeFastPath: (() -> FastRelayHandler)?
 
-    init(limiter: ConnectionLimiter, edge: @escaping () -> ConnectionEdgeHandler, fastPath: (() -> FastRelayHandler)?) {
+    private let logger: Logger
+
+    init(limiter: ConnectionLimiter, logger: Logger, edge: @escaping () -> ConnectionEdgeHandler, fastPath: (() -> FastRelayHandler)?) {
         self.limiter = limiter
+        self.logger = logger
         self.makeEdge = edge
         self.makeFastPath = fastPath
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
         let operations = context.pipeline.syncOperations
-        if let codec = try? operations.handler(type: HTTP1ToHTTPServerCodec.self) {
+        do {
+            let codec = try operations.handler(type: HTTP1ToHTTPServerCodec.self)
             let edge = makeEdge()
-            try? operations.addHandler(EdgeByteObserver(edge: edge, limiter: limiter), position: .first)
-            try? operations.addHandler(edge, position: .before(codec))
-            if let makeFastPath { try? operations.addHandler(makeFastPath(), position: .before(codec)) }
+            try operations.addHandler(EdgeByteObserver(edge: edge, limiter: limiter), position: .first)
+            try operations.addHandler(edge, position: .before(codec))
+            if let makeFastPath { try operations.addHandler(makeFastPath(), position: .before(codec)) }
+            operations.removeHandler(context: context, promise: nil)
+        } catch {
+            // Without its edge a connection has no timeouts, limit or framing checks: refuse it.
+            logger.critical("cannot install the connection edge; closing the connection",
+                            metadata: ["error_type": .string(String(describing: type(of: error)))])
+            context.close(promise: nil)
         }
-        operations.removeHandler(context: context, promise: nil)
     }
 }

@@ -102,7 +102,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
         guard isExchanging else { return process(part, context: context) }
-        if inbound == .swallowing {
+        // Parts still queued come first: an exchange started from the queue has its own `.end`
+        // in there, and this part belongs to a later request.
+        if inbound == .swallowing, queued.isEmpty {
             if case .end = part { inbound = .idle }
             return
         }
