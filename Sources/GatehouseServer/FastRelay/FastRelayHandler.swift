@@ -74,7 +74,11 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private(set) var generalOutstanding = 0
     private var queued = CircularBuffer<HTTPServerRequestPart>()
     private var lastExchangeID = 0
-    private var timeout: Scheduled<Void>?
+    /// The running exchange's deadline and whose it is; `nil` when none runs. As at the edge,
+    /// the scheduled task is moved lazily rather than cancelled and scheduled per request part.
+    private var deadline: (at: NIODeadline, exchange: Int)?
+    private var timer: Scheduled<Void>?
+    private var timerAt: NIODeadline?
 
     init(planner: any FastRelayPlanning, pool: any BackendConnecting, logger: Logger) {
         self.planner = planner
@@ -135,7 +139,10 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        timeout?.cancel()
+        timer?.cancel()
+        timer = nil
+        timerAt = nil
+        deadline = nil
         switch state {
         case .awaitingHead(_, let backend), .streaming(_, let backend, _):
             backend.handler.release(reusable: false)
@@ -234,7 +241,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     func backendResponseEnd(reusable: Bool) {
         guard let context, case .streaming(let exchange, let backend, let status) = state else { return }
-        timeout?.cancel()
+        deadline = nil
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
         backend.handler.release(reusable: reusable)
@@ -248,7 +255,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             return
         case .streaming:
             // The answer has begun: the app's connection cannot be saved.
-            timeout?.cancel()
+            deadline = nil
             state = .idle
             context.close(promise: nil)
         case .awaitingHead(var exchange, _):
@@ -267,10 +274,23 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// The route's timeout: until the answer's head, then between two parts of its body
     /// (a backend that sends a head and falls silent must not hold two connections forever).
     private func armTimer(_ exchange: Exchange, context: ChannelHandlerContext) {
-        timeout?.cancel()
-        let id = exchange.id
-        timeout = context.eventLoop.assumeIsolated().scheduleTask(in: .nanoseconds(exchange.plan.route.timeout.inNanoseconds)) { [weak self] in
-            self?.timedOut(id)
+        let when = context.eventLoop.now + .nanoseconds(exchange.plan.route.timeout.inNanoseconds)
+        deadline = (when, exchange.id)
+        if let timerAt, timerAt <= when { return }  // it fires first, then sleeps on to `when`
+        timer?.cancel()
+        schedule(at: when, context: context)
+    }
+
+    private func schedule(at when: NIODeadline, context: ChannelHandlerContext) {
+        timerAt = when
+        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: when) { [weak self] in
+            guard let self, let context = self.context else { return }
+            self.timer = nil
+            self.timerAt = nil
+            guard let deadline = self.deadline else { return }
+            if deadline.at > context.eventLoop.now { return self.schedule(at: deadline.at, context: context) }
+            self.deadline = nil
+            self.timedOut(deadline.exchange)
         }
     }
 
@@ -299,7 +319,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .idle, .streaming: return
         }
         guard let context else { return }
-        timeout?.cancel()
+        deadline = nil
         let plan = exchange.plan
         let body = JSONCoding.encode(ProblemBody(problem, instance: plan.path))
         let headers: HTTPHeaders = [

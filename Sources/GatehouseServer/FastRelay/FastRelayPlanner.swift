@@ -47,7 +47,7 @@ struct FastRelayPlanner: Sendable {
               let backend = relay.backends[route.prefix], !backend.isTLS, let policy = relay.policies[route.prefix] else { return nil }
         let head = NIORelayHead(head: request)
         guard case .success(let admission) = RelayAdmission.admit(head, route: route, backendPath: backend.basePath),
-              admission.body == .none, request.headers["expect"].isEmpty,
+              admission.body == .none, head.values(of: .expect).isEmpty,
               !admission.connectionTokens.contains("close"), !admission.connectionTokens.contains("upgrade") else { return nil }
         var token = admission.bearer
         var sealed = false
@@ -71,31 +71,61 @@ struct FastRelayPlanner: Sendable {
             authorization: sealed && route.authorization == .passthrough ? token : nil,
             host: backend.port == 80 ? host : "\(host):\(backend.port)", forwarding: relay.forwarding,
             remoteAddress: remoteAddress, requestID: requestID)
-        let clientRequestID = request.headers.first(name: "x-request-id").flatMap(RelayForwarding.acceptableClientRequestID)
+        let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
         let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
         return FastRelayPlan(route: route, backend: backend, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
                              isHead: request.method == .HEAD, path: path)
     }
 }
 
-/// NIO's request head as the relay's admission reads it.
+/// NIO's request head as the relay's admission reads it: the fields admission asks for are
+/// picked out in one pass over the head (a lookup by name would scan it once per field).
 struct NIORelayHead: RelayRequestHead {
     let head: HTTPRequestHead
+    private(set) var authorization: [String] = []
+    private(set) var contentLength: [String] = []
+    private(set) var transferEncoding: [String] = []
+    private(set) var expect: [String] = []
+    private(set) var connection: [String] = []
+    /// The first `X-Request-Id`, for the log line's `client_request_id`.
+    private(set) var requestID: String?
+
+    init(head: HTTPRequestHead) {
+        self.head = head
+        for (name, value) in head.headers {
+            switch name.utf8.count {
+            case 6 where Self.isNamed(name, "expect"): expect.append(value)
+            case 10 where Self.isNamed(name, "connection"): connection.append(value)
+            case 12 where requestID == nil && Self.isNamed(name, "x-request-id"): requestID = value
+            case 13 where Self.isNamed(name, "authorization"): authorization.append(value)
+            case 14 where Self.isNamed(name, "content-length"): contentLength.append(value)
+            case 17 where Self.isNamed(name, "transfer-encoding"): transferEncoding.append(value)
+            default: break
+            }
+        }
+    }
 
     var methodName: String { head.method.rawValue }
     var rawTarget: String { head.uri }
 
     func values(of field: RelayHeadField) -> [String] {
         switch field {
-        case .authorization: head.headers["authorization"]
-        case .contentLength: head.headers["content-length"]
-        case .transferEncoding: head.headers["transfer-encoding"]
-        case .expect: head.headers["expect"]
-        case .connection: head.headers["connection"]
+        case .authorization: authorization
+        case .contentLength: contentLength
+        case .transferEncoding: transferEncoding
+        case .expect: expect
+        case .connection: connection
         }
     }
 
     func forEachField(_ body: (String, String) -> Void) {
         for (name, value) in head.headers { body(name, value) }
+    }
+
+    /// ASCII case-insensitive, exactly as NIO's `HTTPHeaders` subscript compares names.
+    private static func isNamed(_ name: String, _ lowercase: StaticString) -> Bool {
+        lowercase.withUTF8Buffer { expected in
+            zip(name.utf8, expected).allSatisfy { ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }
+        }
     }
 }
