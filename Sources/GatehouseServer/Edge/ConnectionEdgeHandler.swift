@@ -26,15 +26,12 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let idleTimeout: TimeAmount
     private let logger: Logger
     private var state = ConnectionEdgeStateMachine()
-    /// When the running head or idle timeout expires; `nil` when none runs. The scheduled task
-    /// is not cancelled and rescheduled for every request (that would cost a heap operation on
-    /// the event loop each time): it fires at its time, and sleeps again until `deadline` when
-    /// the deadline moved, or does nothing when none runs.
-    private var deadline: NIODeadline?
-    private var timer: Scheduled<Void>?
-    private var timerAt: NIODeadline?
+    /// The head, body or idle timeout now running (one at a time).
+    private var timer: LazyTimer?
     private var context: ChannelHandlerContext?
     private var closeAfterResponse = false
+    /// The head timer of a new connection has been started.
+    private var opened = false
 
     init(headerReadTimeout: TimeAmount, bodyReadTimeout: TimeAmount = .seconds(60), idleTimeout: TimeAmount, logger: Logger) {
         self.headerReadTimeout = headerReadTimeout
@@ -45,24 +42,27 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        let timer = LazyTimer(eventLoop: context.eventLoop)
+        timer.onExpiry = { [weak self] in
+            guard let self, let context = self.context else { return }
+            self.perform(self.state.timerFired(), context: context)
+        }
+        self.timer = timer
         if context.channel.isActive { perform(state.opened(), context: context) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        timer?.cancel()
+        timer?.stop()
         self.context = nil
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        if deadline == nil, state.phase == .readingHead { perform(state.opened(), context: context) }
+        if !opened, state.phase == .readingHead { perform(state.opened(), context: context) }
         context.fireChannelActive()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        timer?.cancel()
-        timer = nil
-        timerAt = nil
-        deadline = nil
+        timer?.stop()
         context.fireChannelInactive()
     }
 
@@ -138,7 +138,7 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         if state.continueRequested() {
             let head = HTTPResponseHead(version: .http1_1, status: .continue)
             context.writeAndFlush(wrapOutboundOut(.head(head)), promise: promise)
-            arm(bodyReadTimeout, context: context)
+            timer?.arm(in: bodyReadTimeout)
         } else {
             promise?.succeed()
         }
@@ -151,18 +151,19 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .none:
             break
         case .armHeaderTimer:
-            arm(headerReadTimeout, context: context)
+            opened = true
+            timer?.arm(in: headerReadTimeout)
         case .armIdleTimer:
-            arm(idleTimeout, context: context)
+            timer?.arm(in: idleTimeout)
         case .armBodyTimer:
-            arm(bodyReadTimeout, context: context)
+            timer?.arm(in: bodyReadTimeout)
         case .cancelTimer:
-            deadline = nil
+            timer?.disarm()
         case .close:
-            deadline = nil
+            timer?.disarm()
             context.close(promise: nil)
         case .answerAndClose(let problem, let instance):
-            deadline = nil
+            timer?.disarm()
             logger.info("request refused at the edge", metadata: ["code": .string(problem.code), "status": .stringConvertible(problem.status)])
             let body = JSONCoding.encode(ProblemBody(problem, instance: instance))
             let headers: HTTPHeaders = [
@@ -173,27 +174,6 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
                                                                  headers: headers))), promise: nil)
             context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
             context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
-        }
-    }
-
-    private func arm(_ timeout: TimeAmount, context: ChannelHandlerContext) {
-        let when = context.eventLoop.now + timeout
-        deadline = when
-        if let timerAt, timerAt <= when { return }  // it fires first, then sleeps on to `when`
-        timer?.cancel()
-        schedule(at: when, context: context)
-    }
-
-    private func schedule(at when: NIODeadline, context: ChannelHandlerContext) {
-        timerAt = when
-        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: when) { [weak self] in
-            guard let self, let context = self.context else { return }
-            self.timer = nil
-            self.timerAt = nil
-            guard let deadline = self.deadline else { return }
-            if deadline > context.eventLoop.now { return self.schedule(at: deadline, context: context) }
-            self.deadline = nil
-            self.perform(self.state.timerFired(), context: context)
         }
     }
 

@@ -74,11 +74,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private(set) var generalOutstanding = 0
     private var queued = CircularBuffer<HTTPServerRequestPart>()
     private var lastExchangeID = 0
-    /// The running exchange's deadline and whose it is; `nil` when none runs. As at the edge,
-    /// the scheduled task is moved lazily rather than cancelled and scheduled per request part.
-    private var deadline: (at: NIODeadline, exchange: Int)?
-    private var timer: Scheduled<Void>?
-    private var timerAt: NIODeadline?
+    /// The route's timeout for the running exchange, and which exchange it belongs to.
+    private var timer: LazyTimer?
+    private var timedExchange = 0
 
     init(planner: any FastRelayPlanning, pool: any BackendConnecting, logger: Logger) {
         self.planner = planner
@@ -93,6 +91,12 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        let timer = LazyTimer(eventLoop: context.eventLoop)
+        timer.onExpiry = { [weak self] in
+            guard let self else { return }
+            self.timedOut(self.timedExchange)
+        }
+        self.timer = timer
         remoteAddress = context.channel.remoteAddress?.ipAddress
     }
 
@@ -139,10 +143,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        timer?.cancel()
-        timer = nil
-        timerAt = nil
-        deadline = nil
+        timer?.stop()
         switch state {
         case .awaitingHead(_, let backend), .streaming(_, let backend, _):
             backend.handler.release(reusable: false)
@@ -241,7 +242,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     func backendResponseEnd(reusable: Bool) {
         guard let context, case .streaming(let exchange, let backend, let status) = state else { return }
-        deadline = nil
+        timer?.disarm()
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
         backend.handler.release(reusable: reusable)
@@ -255,7 +256,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             return
         case .streaming:
             // The answer has begun: the app's connection cannot be saved.
-            deadline = nil
+            timer?.disarm()
             state = .idle
             context.close(promise: nil)
         case .awaitingHead(var exchange, _):
@@ -274,24 +275,8 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// The route's timeout: until the answer's head, then between two parts of its body
     /// (a backend that sends a head and falls silent must not hold two connections forever).
     private func armTimer(_ exchange: Exchange, context: ChannelHandlerContext) {
-        let when = context.eventLoop.now + .nanoseconds(exchange.plan.route.timeout.inNanoseconds)
-        deadline = (when, exchange.id)
-        if let timerAt, timerAt <= when { return }  // it fires first, then sleeps on to `when`
-        timer?.cancel()
-        schedule(at: when, context: context)
-    }
-
-    private func schedule(at when: NIODeadline, context: ChannelHandlerContext) {
-        timerAt = when
-        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: when) { [weak self] in
-            guard let self, let context = self.context else { return }
-            self.timer = nil
-            self.timerAt = nil
-            guard let deadline = self.deadline else { return }
-            if deadline.at > context.eventLoop.now { return self.schedule(at: deadline.at, context: context) }
-            self.deadline = nil
-            self.timedOut(deadline.exchange)
-        }
+        timedExchange = exchange.id
+        timer?.arm(in: .nanoseconds(exchange.plan.route.timeout.inNanoseconds))
     }
 
     private func timedOut(_ id: Int) {
@@ -319,7 +304,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .idle, .streaming: return
         }
         guard let context else { return }
-        deadline = nil
+        timer?.disarm()
         let plan = exchange.plan
         let body = JSONCoding.encode(ProblemBody(problem, instance: plan.path))
         let headers: HTTPHeaders = [
