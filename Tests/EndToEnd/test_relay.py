@@ -107,19 +107,31 @@ def test_expired_jwt_is_401(gatehouse, relay_doubles):
     assert get(gatehouse, "/api/jwt/x", token).status_code == 401
 
 
-def test_blocked_business_partner_is_403_naming_the_rule(gatehouse, seen):
-    token = issue_token(gatehouse, seen, browser=InAppBrowser(username="bob", password="builder-42"))
+def test_blocked_business_partner_is_403_naming_the_rule(gatehouse, relay_path, relay_token, relay_doubles):
+    """Fresh token: the rule is checked after the identity call, on the general path. Warm token
+    (warmed on a route of the same upstream without a rule): the identity is cached, so the fast
+    path's planner checks the rule itself; it must not relay, and hands the refusal over."""
+    token = relay_token("/api/sealed", username="bob")
+    personal, backend = relay_doubles["personal"], relay_doubles["backend"]
+    calls, mark = personal.calls_for(token), backend.mark()
     response = get(gatehouse, "/api/contracts/1", token)
     assert response.status_code == 403
     assert response.headers["Content-Type"] == "application/problem+json"
     assert "bpid_status" in response.json()["detail"]
     assert token not in response.text
+    assert backend.request_lines_since(mark) == []
+    assert personal.calls_for(token) == calls + (1 if relay_path == "general" else 0)
+    assert served_by(gatehouse, response) == "general"  # refusals are written by the general path only
 
 
-def test_missing_scope_is_403(gatehouse, alice):
-    response = get(gatehouse, "/api/admin/x", alice)
+def test_missing_scope_is_403(gatehouse, relay_path, relay_token, relay_doubles):
+    token = relay_token("/api/admin")  # warm: through /api/introspected, same upstream, scope read
+    mark = relay_doubles["backend"].mark()
+    response = get(gatehouse, "/api/admin/x", token)
     assert response.status_code == 403
     assert "'admin'" in response.json()["detail"]
+    assert relay_doubles["backend"].request_lines_since(mark) == []
+    assert served_by(gatehouse, response) == "general"
 
 
 def test_identity_through_json_personal_information(gatehouse, relay_path, relay_token):
@@ -244,9 +256,13 @@ def test_unconfigured_paths_and_methods_are_refused(gatehouse, alice):
     assert "GET" in deleted.headers["Allow"]
 
 
-@pytest.mark.parametrize("path", ["/api/contracts/../admin", "/api/contracts/%2e%2e/admin", "/api/contracts//x"])
+@pytest.mark.parametrize("path", ["/api/contracts/../admin", "/api/contracts/%2e%2e/admin", "/api/contracts//x",
+                                  "/api/contracts/%61dmin", "/api/contracts;x/1", "/api/contracts;jsessionid=1/../admin"])
 def test_paths_that_climb_out_of_the_prefix_are_400(gatehouse, relay_path, relay_token, relay_doubles, path):
-    """Refused before the token is looked at, whether or not its identity is cached."""
+    """Refused before the token is looked at, whether or not its identity is cached. A needlessly
+    encoded letter (`%61dmin`: a backend may decode it to another path) and path parameters
+    within the prefix (matched as `/api/contracts/…`, as a servlet container reads them, but not
+    its bytes) are refused too, never a 404 nor relayed."""
     backend = relay_doubles["backend"]
     mark = backend.mark()
     host = urlsplit(gatehouse["url"])

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from gatelog import served_by
 from nativeapp import App
 
 
@@ -25,9 +26,10 @@ def relay(gatehouse, path, token):
 def test_the_app_gets_gatehouse_tokens_and_the_backend_the_upstream_token(gatehouse, seen, upstream):
     _, pair = sealed_sign_in(gatehouse, seen)
     assert pair["access_token"].startswith("gha_") and pair["refresh_token"].startswith("ghr_")
-    for _ in range(2):  # the general path, then the event loop's fast path
+    for path in ("general", "fast"):  # the session's first call fills the caches, the second is fast
         response = relay(gatehouse, "/api/sealed/x", pair["access_token"])
         assert response.status_code == 200, response.text
+        assert served_by(gatehouse, response) == path
         headers = response.json()["headers"]
         assert headers["x-bpid"] == "1000123"
         upstream_token = headers["authorization"].removeprefix("Bearer ")
@@ -101,3 +103,18 @@ def test_a_gatehouse_refresh_token_is_never_a_bearer_token(gatehouse, seen, rela
     before = relay_doubles["personal"].total_calls
     assert relay(gatehouse, "/api/sealed/x", pair["refresh_token"]).status_code == 401
     assert relay_doubles["personal"].total_calls == before  # not even shown to the identity service
+
+
+def test_a_route_that_removes_authorization_never_sees_the_session_tokens(gatehouse, seen, relay_path):
+    """On a route with `authorization: remove` neither the app's Gatehouse token nor the
+    session's upstream token reaches the backend, on either path."""
+    _, pair = sealed_sign_in(gatehouse, seen)
+    token = pair["access_token"]
+    if relay_path == "fast":
+        assert relay(gatehouse, "/api/contracts/warm", token).status_code == 200
+    response = relay(gatehouse, "/api/contracts/x", token)
+    assert response.status_code == 200, response.text
+    assert served_by(gatehouse, response) == relay_path
+    headers = response.json()["headers"]
+    assert "authorization" not in headers
+    assert not any(token in value for value in headers.values())
