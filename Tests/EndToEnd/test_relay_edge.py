@@ -335,6 +335,16 @@ def test_thousands_of_generated_paths_never_leave_the_backend_prefix_and_both_pa
     assert wrong_path == [], f"answered by the other relay path: {wrong_path[:20]}"
 
 
+def assert_400_never_relayed(gatehouse, relay_doubles, method, target, token):
+    """`method` `target` with `token` (GET for the fast path, POST with an empty body for the
+    general one) is a problem+json 400 and no request reached the backend."""
+    backend = relay_doubles["backend"]
+    mark, calls = backend.mark(), backend.calls
+    response = send(gatehouse, method, target, token, [("Content-Length", "0")] if method == "POST" else [])
+    problem(response, 400, "bad_request")
+    assert backend.request_lines_since(mark) == [] and backend.calls == calls
+
+
 @pytest.mark.parametrize("method", ["GET", "POST"], ids=["fast", "general"])
 @pytest.mark.parametrize("target", [
     "/api/contracts/%ff?x=1&admin=true",          # the headline: reached the backend as /?x=1&admin=true
@@ -356,11 +366,7 @@ def test_thousands_of_generated_paths_never_leave_the_backend_prefix_and_both_pa
     "/api/contracts/a#b",
 ], ids=lambda target: target.removeprefix("/api/contracts/"))
 def test_a_path_gatehouse_cannot_carry_faithfully_is_400_and_never_relayed(gatehouse, relay_doubles, warm, method, target):
-    backend = relay_doubles["backend"]
-    mark, calls = backend.mark(), backend.calls
-    response = send(gatehouse, method, target, warm, [("Content-Length", "0")] if method == "POST" else [])
-    problem(response, 400, "bad_request")
-    assert backend.request_lines_since(mark) == [] and backend.calls == calls
+    assert_400_never_relayed(gatehouse, relay_doubles, method, target, warm)
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"], ids=["fast", "general"])
@@ -368,11 +374,7 @@ def test_a_path_gatehouse_cannot_carry_faithfully_is_400_and_never_relayed(gateh
                          ids=["path-ff", "path-utf8", "query-ff"])
 def test_raw_non_ascii_in_the_target_is_400_and_never_relayed(gatehouse, relay_doubles, warm, method, target):
     """The HTTP/1.1 parser refuses these before any relay code runs; still a problem+json 400."""
-    backend = relay_doubles["backend"]
-    mark, calls = backend.mark(), backend.calls
-    response = send(gatehouse, method, target, warm, [("Content-Length", "0")] if method == "POST" else [])
-    problem(response, 400, "bad_request")
-    assert backend.request_lines_since(mark) == [] and backend.calls == calls
+    assert_400_never_relayed(gatehouse, relay_doubles, method, target, warm)
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"], ids=["fast", "general"])

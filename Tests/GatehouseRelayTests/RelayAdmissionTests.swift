@@ -100,7 +100,8 @@ struct RelayAdmissionTests {
         let identity = CallerIdentity(subject: "eve", bpid: "1000999\r\nX-Injected: yes", scopes: [], attributes: [:], expiresAt: nil)
         let headers = policy.outboundHeaders(from: head, connectionTokens: [], identity: identity, authorization: nil, host: "b:1",
                                              forwarding: RelayForwarding(publicBaseURL: "https://g.example"),
-                                             remoteAddress: "10.0.0.1", requestID: "gh-1")
+                                             remoteAddress: "10.0.0.1", requestID: "gh-1",
+                                             clientRequestID: RelayForwarding.acceptableClientRequestID("app-42"))
         #expect(headers["x-request-id"] == ["gh-1"])
         #expect(headers["x-client-request-id"] == ["app-42"])
         #expect(headers["x-forwarded-user"].isEmpty)

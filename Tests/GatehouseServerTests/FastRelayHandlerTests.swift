@@ -55,6 +55,16 @@ struct FastRelayHandlerTests {
             return (channel, BackendConnection(channel: channel, handler: handler))
         }
 
+        /// Hands the oldest connect the fast path is waiting for a new backend connection, and
+        /// returns it with the target of the request sent on it (`nil` when none was sent).
+        func connectNext(sourceLocation: SourceLocation = #_sourceLocation) throws -> (backend: EmbeddedChannel, sent: String?) {
+            try #require(!connector.pending.isEmpty, "the fast path asked for no connection", sourceLocation: sourceLocation)
+            let (channel, connection) = try backend()
+            connector.pending.removeFirst().succeed((connection, reused: false))
+            guard case .head(let head) = try channel.readOutbound(as: HTTPClientRequestPart.self) else { return (channel, nil) }
+            return (channel, head.uri)
+        }
+
         func request(_ uri: String) throws {
             try app.writeInbound(HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: uri, headers: ["Host": "g"])))
             try app.writeInbound(HTTPServerRequestPart.end(nil))
@@ -100,10 +110,8 @@ struct FastRelayHandlerTests {
         let harness = try Harness()
         try harness.request("/fast/1")
         #expect(try harness.passedOn().isEmpty)
-        let (backend, connection) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection, reused: false))
-        guard case .head(let sent) = try backend.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("no head sent"); return }
-        #expect(sent.uri == "/b/1")
+        let (backend, sent) = try harness.connectNext()
+        #expect(sent == "/b/1", "no head sent")
         try harness.answer(backend, body: "one")
         #expect(try harness.written() == ["head 200 rid-/fast/1", "body one", "end"])
         let handler = try harness.app.pipeline.syncOperations.handler(type: FastRelayHandler.self)
@@ -118,9 +126,7 @@ struct FastRelayHandlerTests {
         try harness.request("/general")
         try harness.request("/fast/2")
         #expect(try harness.passedOn().isEmpty)  // queued behind the fast exchange
-        let (backend, connection) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection, reused: false))
-        _ = try backend.readOutbound(as: HTTPClientRequestPart.self)
+        let (backend, _) = try harness.connectNext()
         try harness.answer(backend, body: "one")
         #expect(try harness.written() == ["head 200 rid-/fast/1", "body one", "end"])
         // Hummingbird now owes /general, so /fast/2 goes to it too rather than overtaking.
@@ -137,21 +143,14 @@ struct FastRelayHandlerTests {
         let harness = try Harness()
         try harness.request("/fast/1")
         try harness.request("/fast/2")
-        let (backend1, connection1) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection1, reused: false))
-        _ = try backend1.readOutbound(as: HTTPClientRequestPart.self)
+        let (backend1, _) = try harness.connectNext()
         try harness.answer(backend1, body: "one")
         // /fast/2 now runs, started from the queue; /fast/3 arrives from the network.
         try harness.request("/fast/3")
-        let (backend2, connection2) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection2, reused: false))
-        _ = try backend2.readOutbound(as: HTTPClientRequestPart.self)
+        let (backend2, _) = try harness.connectNext()
         try harness.answer(backend2, body: "two")
-        let (backend3, connection3) = try harness.backend()
-        try #require(!harness.connector.pending.isEmpty, "/fast/3 was swallowed: no connection was asked for it")
-        harness.connector.pending.removeFirst().succeed((connection3, reused: false))
-        guard case .head(let sent) = try backend3.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("/fast/3 was lost"); return }
-        #expect(sent.uri == "/b/3")
+        let (backend3, sent) = try harness.connectNext()
+        #expect(sent == "/b/3", "/fast/3 was lost")
         try harness.answer(backend3, body: "three")
         #expect(try harness.written() == ["head 200 rid-/fast/1", "body one", "end", "head 200 rid-/fast/2", "body two", "end",
                                           "head 200 rid-/fast/3", "body three", "end"])
@@ -161,8 +160,7 @@ struct FastRelayHandlerTests {
     @Test func aBackendClosingMidResponseClosesTheAppConnection() throws {
         let harness = try Harness()
         try harness.request("/fast/1")
-        let (backend, connection) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection, reused: false))
+        let (backend, _) = try harness.connectNext()
         try backend.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: ["Content-Length": "100"])))
         try backend.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: "partial")))
         #expect(harness.app.isActive)
@@ -175,9 +173,7 @@ struct FastRelayHandlerTests {
     @Test func aSilentBackendIsA504() throws {
         let harness = try Harness()
         try harness.request("/fast/1")
-        let (backend, connection) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection, reused: false))
-        _ = try backend.readOutbound(as: HTTPClientRequestPart.self)
+        let (backend, _) = try harness.connectNext()
         harness.app.embeddedEventLoop.advanceTime(by: .seconds(2))
         let written = try harness.written()
         #expect(written.first == "head 504 rid-/fast/1")
@@ -199,10 +195,8 @@ struct FastRelayHandlerTests {
         late.succeed((lateConnection, reused: false))
         #expect(try lateBackend.readOutbound(as: HTTPClientRequestPart.self) == nil)
         #expect(try harness.written().isEmpty)
-        let (backend, connection) = try harness.backend()
-        harness.connector.pending.removeFirst().succeed((connection, reused: false))
-        guard case .head(let sent) = try backend.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("no head sent"); return }
-        #expect(sent.uri == "/b/2")
+        let (backend, sent) = try harness.connectNext()
+        #expect(sent == "/b/2", "no head sent")
         try harness.answer(backend, body: "two")
         #expect(try harness.written() == ["head 200 rid-/fast/2", "body two", "end"])
     }

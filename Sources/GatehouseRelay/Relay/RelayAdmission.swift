@@ -63,27 +63,24 @@ public struct RelayAdmission: Sendable {
         case .failure(let refusal): return .failure(.problem(.badRequest(refusal.description + ".")))
         }
         let body: Body
-        let transferEncoding = head.values(of: .transferEncoding)
-        if !transferEncoding.isEmpty {
-            guard transferEncoding.count == 1,
-                  Self.trimmed(transferEncoding[0]).lowercased() == "chunked" else {
-                return .failure(.problem(.notImplemented("Gatehouse relays request bodies with no transfer coding but chunked.")))
-            }
+        switch RequestFraming.isChunked(transferEncoding: head.values(of: .transferEncoding)) {
+        case .failure(let problem):
+            return .failure(.problem(problem))
+        case .success(true):
             body = .chunked
-        } else if let length = head.values(of: .contentLength).first {
-            guard let bytes = Int(length), bytes >= 0 else { return .failure(.problem(.badRequest("The Content-Length is not a number."))) }
-            body = bytes == 0 ? .none : .length(bytes)
-            if bytes > route.maximumBodyBytes { return .failure(.problem(.payloadTooLarge(limit: route.maximumBodyBytes))) }
-        } else {
-            body = .none
-        }
-        let expect = head.values(of: .expect)
-        var expectsContinue = false
-        if !expect.isEmpty {
-            guard expect.count == 1, Self.trimmed(expect[0]).lowercased() == "100-continue" else {
-                return .failure(.problem(.expectationFailed()))
+        case .success(false):
+            if let length = head.values(of: .contentLength).first {
+                guard let bytes = Int(length), bytes >= 0 else { return .failure(.problem(.badRequest("The Content-Length is not a number."))) }
+                body = bytes == 0 ? .none : .length(bytes)
+                if bytes > route.maximumBodyBytes { return .failure(.problem(.payloadTooLarge(limit: route.maximumBodyBytes))) }
+            } else {
+                body = .none
             }
-            expectsContinue = body != .none
+        }
+        let expectsContinue: Bool
+        switch RequestFraming.expectsContinue(expect: head.values(of: .expect)) {
+        case .failure(let problem): return .failure(.problem(problem))
+        case .success(let expects): expectsContinue = expects && body != .none
         }
         guard let bearer = bearerToken(head.values(of: .authorization)) else {
             return .failure(.signIn(detail: "The request carries no Bearer access token."))
@@ -109,15 +106,5 @@ public struct RelayAdmission: Sendable {
         while token.last == UInt8(ascii: " ") { token = token.dropLast() }
         guard !token.isEmpty, token.count <= 8192, !token.contains(UInt8(ascii: " ")) else { return nil }
         return String(token)
-    }
-
-    private static func trimmed(_ value: String) -> String {
-        let utf8 = value.utf8
-        guard utf8.first == UInt8(ascii: " ") || utf8.last == UInt8(ascii: " ")
-                || utf8.first == UInt8(ascii: "\t") || utf8.last == UInt8(ascii: "\t") else { return value }
-        var slice = utf8[...]
-        while slice.first == UInt8(ascii: " ") || slice.first == UInt8(ascii: "\t") { slice = slice.dropFirst() }
-        while slice.last == UInt8(ascii: " ") || slice.last == UInt8(ascii: "\t") { slice = slice.dropLast() }
-        return String(decoding: slice, as: UTF8.self)
     }
 }

@@ -43,17 +43,15 @@ public struct RelayHeaderPolicy: Sendable {
     /// The head toward the backend, as both relay paths send it: the app's end-to-end headers
     /// this policy lets through, the caller's identity headers, `authorization` (when set, in
     /// place of the app's), then Gatehouse's forwarding headers. `host` leads when given.
+    /// - Parameter clientRequestID: the app's own plain `X-Request-Id`, read once by the caller
+    ///   (it logs it too), sent as `X-Client-Request-Id`.
     public func outboundHeaders(from head: some RelayRequestHead, connectionTokens: Set<String>, identity: CallerIdentity,
                                 authorization: String?, host: String?, forwarding: RelayForwarding,
-                                remoteAddress: String?, requestID: String) -> HTTPHeaders {
+                                remoteAddress: String?, requestID: String, clientRequestID: String?) -> HTTPHeaders {
         var headers = HTTPHeaders()
         headers.reserveCapacity(16)
         if let host { headers.add(name: "Host", value: host) }
-        var clientRequestID: String?
         head.forEachField { name, value in
-            if clientRequestID == nil, Self.equalsIgnoringASCIICase(name, Self.requestIDBytes) {
-                clientRequestID = RelayForwarding.acceptableClientRequestID(value)
-            }
             guard forwardsRequestHeader(name, connectionTokens: connectionTokens) else { return }
             if authorization != nil, Self.equalsIgnoringASCIICase(name, Self.authorizationBytes) { return }
             headers.add(name: name, value: value)
@@ -72,8 +70,6 @@ public struct RelayHeaderPolicy: Sendable {
         if value.utf8.count <= 1024, value.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x7F }) { return value }
         return String(String.UnicodeScalarView(value.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(1024)))
     }
-
-    private static let requestIDBytes = Array("x-request-id".utf8)
 
     /// Whether a request header from the app goes on to the backend. `name` may be in any case
     /// and `_` counts as `-`; the common case allocates nothing (both relay paths call this).
@@ -128,10 +124,7 @@ public struct RelayHeaderPolicy: Sendable {
     private static func hasForwardedPrefix(_ name: String) -> Bool {
         let utf8 = name.utf8
         return neverFromClientPrefixes.contains { prefix in
-            utf8.count >= prefix.count && zip(utf8, prefix).allSatisfy { byte, expected in
-                let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
-                return folded == expected
-            }
+            utf8.count >= prefix.count && zip(utf8, prefix).allSatisfy { folded($0) == $1 }
         }
     }
 
@@ -141,9 +134,21 @@ public struct RelayHeaderPolicy: Sendable {
     public static func equalsIgnoringASCIICase(_ name: String, _ lowercase: [UInt8]) -> Bool {
         let utf8 = name.utf8
         guard utf8.count == lowercase.count else { return false }
-        return zip(utf8, lowercase).allSatisfy { byte, expected in
-            let folded = byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
-            return folded == expected
+        return zip(utf8, lowercase).allSatisfy { folded($0) == $1 }
+    }
+
+    /// A header-name byte as the comparisons above read it: lower case, `_` as `-`.
+    private static func folded(_ byte: UInt8) -> UInt8 {
+        byte >= 65 && byte <= 90 ? byte | 0x20 : (byte == UInt8(ascii: "_") ? UInt8(ascii: "-") : byte)
+    }
+
+    /// Whether header `name` is `lowercase`, ASCII case ignored and nothing else (`_` is not
+    /// `-` here): how NIO's parser reads framing fields, so how Gatehouse reads them too.
+    public static func isNamed(_ name: String, _ lowercase: StaticString) -> Bool {
+        let utf8 = name.utf8
+        guard utf8.count == lowercase.utf8CodeUnitCount else { return false }
+        return lowercase.withUTF8Buffer { expected in
+            zip(utf8, expected).allSatisfy { ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }
         }
     }
 

@@ -55,24 +55,19 @@ public struct RelayTarget: Sendable, Equatable {
     // MARK: The rules
 
     /// RFC 3986 `unreserved`: `A–Z a–z 0–9 - . _ ~`.
-    private static let unreserved: [Bool] = {
-        var table = [Bool](repeating: false, count: 256)
-        for byte in UInt8(ascii: "a")...UInt8(ascii: "z") { table[Int(byte)] = true }
-        for byte in UInt8(ascii: "A")...UInt8(ascii: "Z") { table[Int(byte)] = true }
-        for byte in UInt8(ascii: "0")...UInt8(ascii: "9") { table[Int(byte)] = true }
-        for byte in "-._~".utf8 { table[Int(byte)] = true }
-        return table
-    }()
+    private static let unreserved = byteTable(letting: "-._~")
+    /// RFC 3986 `pchar` without `%`: `unreserved / sub-delims / ":" / "@"`.
+    private static let pchar = byteTable(letting: "-._~!$&'()*+,;=:@")
 
-    /// RFC 3986 `unreserved / sub-delims / ":" / "@"`, without `%`.
-    private static let pchar: [Bool] = {
+    /// A byte lookup table letting ASCII letters, digits and `others` through.
+    private static func byteTable(letting others: String) -> [Bool] {
         var table = [Bool](repeating: false, count: 256)
         for byte in UInt8(ascii: "a")...UInt8(ascii: "z") { table[Int(byte)] = true }
         for byte in UInt8(ascii: "A")...UInt8(ascii: "Z") { table[Int(byte)] = true }
         for byte in UInt8(ascii: "0")...UInt8(ascii: "9") { table[Int(byte)] = true }
-        for byte in "-._~!$&'()*+,;=:@".utf8 { table[Int(byte)] = true }
+        for byte in others.utf8 { table[Int(byte)] = true }
         return table
-    }()
+    }
 
     /// Checks the rest of the path (it starts with `/` or is empty). One pass, no allocation
     /// unless a percent-encoded non-ASCII byte needs UTF-8 validation.

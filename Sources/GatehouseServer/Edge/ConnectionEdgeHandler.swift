@@ -1,5 +1,6 @@
 import Foundation
 import GatehouseCore
+import GatehouseRelay
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -165,14 +166,10 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
         case .answerAndClose(let problem, let instance):
             timer?.disarm()
             logger.info("request refused at the edge", metadata: ["code": .string(problem.code), "status": .stringConvertible(problem.status)])
-            let body = JSONCoding.encode(ProblemBody(problem, instance: instance))
-            let headers: HTTPHeaders = [
-                "Content-Type": "application/problem+json", "Cache-Control": "no-store", "Connection": "close",
-                "Content-Length": String(body.count), "X-Request-Id": RequestIDGenerator.shared.next(),
-            ]
-            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: problem.status),
-                                                                 headers: headers))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
+            let (head, body) = ProblemBody.responseParts(problem, instance: instance, requestID: RequestIDGenerator.shared.next(),
+                                                         closing: true)
+            context.write(wrapOutboundOut(.head(head)), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
             context.writeAndFlush(wrapOutboundOut(.end(nil))).assumeIsolated().whenComplete { _ in context.close(promise: nil) }
         }
     }
@@ -183,41 +180,24 @@ final class ConnectionEdgeHandler: ChannelDuplexHandler, RemovableChannelHandler
     /// for `100 Continue`. One pass over the fields; nothing allocated for a plain request.
     static func framing(of head: HTTPRequestHead) -> (refusal: GatehouseProblem?, expectsContinue: Bool) {
         var hosts = 0
-        var codings: [Substring] = []
-        var expectations: [String] = []
+        var transferEncoding: [String] = []
+        var expect: [String] = []
         for (name, value) in head.headers {
-            if Self.isNamed(name, "host") {
+            if RelayHeaderPolicy.isNamed(name, "host") {
                 hosts += 1
-            } else if Self.isNamed(name, "transfer-encoding") {
-                codings += value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased()[...] }
-            } else if Self.isNamed(name, "expect") {
-                expectations.append(value.trimmingCharacters(in: .whitespaces).lowercased())
+            } else if RelayHeaderPolicy.isNamed(name, "transfer-encoding") {
+                transferEncoding.append(value)
+            } else if RelayHeaderPolicy.isNamed(name, "expect") {
+                expect.append(value)
             }
         }
         if head.version == .http1_1 ? hosts != 1 : hosts > 1 {
             return (.badRequest("An HTTP/1.1 request needs exactly one Host header."), false)
         }
-        if !codings.isEmpty {
-            guard codings.last == "chunked" else {
-                return (.badRequest("The body's length cannot be determined: chunked must be the last transfer coding."), false)
-            }
-            guard codings.count == 1 else { return (.notImplemented("Gatehouse takes no transfer coding but chunked."), false) }
-        }
-        // RFC 9110 §10.1.1: an HTTP/1.0 client cannot wait for 100 Continue; its Expect is ignored.
-        if !expectations.isEmpty, head.version == .http1_1 {
-            guard expectations == ["100-continue"] else { return (.expectationFailed(), false) }
-            return (nil, true)
-        }
-        return (nil, false)
-    }
-
-    /// Whether header `name` is `lowercase` (ASCII case ignored; `_` is not `-` here: NIO's parser
-    /// does not read `Transfer_Encoding` as framing, so neither does the edge).
-    private static func isNamed(_ name: String, _ lowercase: StaticString) -> Bool {
-        let utf8 = name.utf8
-        guard utf8.count == lowercase.utf8CodeUnitCount else { return false }
-        return lowercase.withUTF8Buffer { expected in
-            zip(utf8, expected).allSatisfy { ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }
+        if case .failure(let problem) = RequestFraming.isChunked(transferEncoding: transferEncoding) { return (problem, false) }
+        switch RequestFraming.expectsContinue(expect: expect, isHTTP11: head.version == .http1_1) {
+        case .failure(let problem): return (problem, false)
+        case .success(let expects): return (nil, expects)
         }
     }
 
@@ -291,8 +271,6 @@ final class ConnectionLimiter: Sendable {
     init(maximum: Int) {
         self.maximum = maximum
     }
-
-    var current: Int { count.load(ordering: .relaxed) }
 
     /// Counts a new connection; `false` (and not counted) when the limit is reached.
     func open() -> Bool {

@@ -306,14 +306,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         guard let context else { return }
         timer?.disarm()
         let plan = exchange.plan
-        let body = JSONCoding.encode(ProblemBody(problem, instance: plan.path))
-        let headers: HTTPHeaders = [
-            "Content-Type": "application/problem+json", "Cache-Control": "no-store",
-            "Content-Length": String(body.count), "X-Request-Id": plan.requestID,
-        ]
-        let head = HTTPResponseHead(version: .http1_1, status: .init(statusCode: problem.status), headers: headers)
+        let (head, body) = ProblemBody.responseParts(problem, instance: plan.path, requestID: plan.requestID)
         context.write(wrapOutboundOut(.head(head)), promise: nil)
-        if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil) }
+        if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
         finish(exchange, status: UInt(problem.status))

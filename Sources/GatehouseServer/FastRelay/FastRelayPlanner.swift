@@ -65,13 +65,13 @@ struct FastRelayPlanner: Sendable {
               admission.authorize(identity) == nil else { return nil }
 
         let requestID = RequestIDGenerator.shared.next()
+        let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
         let host = backend.host.contains(":") ? "[\(backend.host)]" : backend.host
         let headers = policy.outboundHeaders(
             from: head, connectionTokens: admission.connectionTokens, identity: identity,
             authorization: sealed && route.authorization == .passthrough ? token : nil,
             host: backend.port == 80 ? host : "\(host):\(backend.port)", forwarding: relay.forwarding,
-            remoteAddress: remoteAddress, requestID: requestID)
-        let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
+            remoteAddress: remoteAddress, requestID: requestID, clientRequestID: clientRequestID)
         let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
         return FastRelayPlan(route: route, backend: backend, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
                              isHead: request.method == .HEAD, path: path)
@@ -94,12 +94,12 @@ struct NIORelayHead: RelayRequestHead {
         self.head = head
         for (name, value) in head.headers {
             switch name.utf8.count {
-            case 6 where Self.isNamed(name, "expect"): expect.append(value)
-            case 10 where Self.isNamed(name, "connection"): connection.append(value)
-            case 12 where requestID == nil && Self.isNamed(name, "x-request-id"): requestID = value
-            case 13 where Self.isNamed(name, "authorization"): authorization.append(value)
-            case 14 where Self.isNamed(name, "content-length"): contentLength.append(value)
-            case 17 where Self.isNamed(name, "transfer-encoding"): transferEncoding.append(value)
+            case 6 where RelayHeaderPolicy.isNamed(name, "expect"): expect.append(value)
+            case 10 where RelayHeaderPolicy.isNamed(name, "connection"): connection.append(value)
+            case 12 where requestID == nil && RelayHeaderPolicy.isNamed(name, "x-request-id"): requestID = value
+            case 13 where RelayHeaderPolicy.isNamed(name, "authorization"): authorization.append(value)
+            case 14 where RelayHeaderPolicy.isNamed(name, "content-length"): contentLength.append(value)
+            case 17 where RelayHeaderPolicy.isNamed(name, "transfer-encoding"): transferEncoding.append(value)
             default: break
             }
         }
@@ -120,12 +120,5 @@ struct NIORelayHead: RelayRequestHead {
 
     func forEachField(_ body: (String, String) -> Void) {
         for (name, value) in head.headers { body(name, value) }
-    }
-
-    /// ASCII case-insensitive, exactly as NIO's `HTTPHeaders` subscript compares names.
-    private static func isNamed(_ name: String, _ lowercase: StaticString) -> Bool {
-        lowercase.withUTF8Buffer { expected in
-            zip(name.utf8, expected).allSatisfy { ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }
-        }
     }
 }

@@ -99,7 +99,8 @@ extension Gatehouse {
             outbound.method = HTTPMethod(rawValue: request.method.rawValue)
             outbound.headers = policy.outboundHeaders(from: head, connectionTokens: admission.connectionTokens, identity: identity,
                                                       authorization: authorization, host: nil, forwarding: relay.forwarding,
-                                                      remoteAddress: context.remoteAddress, requestID: context.requestID)
+                                                      remoteAddress: context.remoteAddress, requestID: context.requestID,
+                                                      clientRequestID: context.clientRequestID)
             if admission.expectsContinue { await context.sendContinue() }
             try await attachBody(admission.body, of: request, to: &outbound, route: route)
             let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.inNanoseconds))

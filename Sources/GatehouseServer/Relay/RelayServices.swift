@@ -12,8 +12,6 @@ public struct RelayServices: Sendable {
     public let resolvers: [String: any IdentityResolver]
     public let backendClient: HTTPClient
     public let signer: AssertionSigner?
-    /// Every identity header name of every route, lower-cased: stripped from all relayed requests.
-    let identityHeaderNames: Set<String>
     /// `Forwarded`, `X-Forwarded-*`, `Via` and request ids, as both relay paths add them.
     let forwarding: RelayForwarding
     /// Each route's backend and header policy, by prefix, built once.
@@ -26,8 +24,8 @@ public struct RelayServices: Sendable {
         self.resolvers = resolvers
         self.backendClient = backendClient
         self.signer = signer
+        // Every identity header of every route is stripped from every relayed request.
         let identityHeaderNames = Set(configuration.routes.flatMap { $0.identityHeaders.map { $0.name.lowercased() } })
-        self.identityHeaderNames = identityHeaderNames
         self.forwarding = RelayForwarding(publicBaseURL: configuration.server.publicBaseURL)
         var backends: [String: RouteBackend] = [:]
         var policies: [String: RelayHeaderPolicy] = [:]
