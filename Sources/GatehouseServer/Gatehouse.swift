@@ -7,7 +7,7 @@ public import Logging
 /// configuration, store, one client per upstream, a clock and a logger.
 public struct Gatehouse: Sendable {
     public let configuration: GatehouseConfiguration
-    public let store: any AuthorizationStore
+    public let store: any GatehouseStore
     public let upstreams: [String: any UpstreamClient]
     public let now: @Sendable () -> Date
     public let logger: Logger
@@ -15,8 +15,10 @@ public struct Gatehouse: Sendable {
     public let relay: RelayServices?
     /// Sealed sessions; `nil` when no client is sealed.
     public let sessions: SessionServices?
+    /// Refreshes of passthrough apps' upstream tokens, coordinated across instances.
+    let passthrough: PassthroughRefresher
 
-    public init(configuration: GatehouseConfiguration, store: any AuthorizationStore,
+    public init(configuration: GatehouseConfiguration, store: any GatehouseStore,
                 upstreams: [String: any UpstreamClient], relay: RelayServices? = nil, sessions: SessionServices? = nil,
                 now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
         self.configuration = configuration
@@ -26,6 +28,7 @@ public struct Gatehouse: Sendable {
         self.sessions = sessions
         self.now = now
         self.logger = logger
+        self.passthrough = PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger)
     }
 
     /// The issuer identifier: the public base URL (RFC 8414 §2).

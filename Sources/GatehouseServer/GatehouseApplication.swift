@@ -52,6 +52,20 @@ public enum GatehouseApplication {
         }
     }
 
+    /// Runs `body` with one client per upstream, for commands that are not a server; shuts their HTTP client down after.
+    public static func withUpstreamClients<Result: Sendable>(for configuration: GatehouseConfiguration, logger: Logger,
+                                                             _ body: ([String: any UpstreamClient]) async throws -> Result) async throws -> Result {
+        let httpClient = makeHTTPClient(for: configuration)
+        let outcome: Swift.Result<Result, any Error>
+        do {
+            outcome = .success(try await body(upstreamClients(for: configuration, httpClient: httpClient, logger: logger)))
+        } catch {
+            outcome = .failure(error)
+        }
+        try await httpClient.shutdown()
+        return try outcome.get()
+    }
+
     /// The process's one outbound HTTP client: no redirects followed, bounded connect time.
     public static func makeHTTPClient(for configuration: GatehouseConfiguration) -> HTTPClient {
         var clientConfiguration = HTTPClient.Configuration()
@@ -64,22 +78,14 @@ public enum GatehouseApplication {
 
     /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then closes cleanly.
     public static func run(configuration: GatehouseConfiguration, logger: Logger) async throws {
-        let store: any AuthorizationStore & SessionStore
-        var storeServices: [any Service] = []
-        var postgres: PostgresStore?
-        var sqlite: SQLiteAuthorizationStore?
-        if let settings = configuration.store.postgres {
-            let client = try PostgresStore.makeClient(settings, logger: logger)
-            postgres = PostgresStore(client: client, logger: logger)
-            store = postgres!
-            storeServices.append(client)
-        } else {
-            sqlite = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
-            store = sqlite!
-        }
+        let opened = try await OpenedStore.open(configuration, logger: logger)
+        let store = opened.store
         let httpClient = makeHTTPClient(for: configuration)
         let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, logger: logger)
         let sessions = configuration.sessions.map { SessionServices(store: store, settings: $0, logger: logger) }
+        let revocations: [any Service] = opened.postgres.map {
+            [RevocationListener(store: $0, sessions: sessions, identityCache: relay?.cache, logger: logger)]
+        } ?? []
         let gatehouse = Gatehouse(configuration: configuration, store: store,
                                   upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
                                   relay: relay, sessions: sessions, logger: logger)
@@ -105,7 +111,7 @@ public enum GatehouseApplication {
             ])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
-            services: storeServices + [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]
+            services: opened.services + revocations + [ExpirySweeper(store: store, interval: configuration.store.sweepInterval, logger: logger)]
                 + (sessions.map { [Reencryption(sessions: $0, interval: configuration.store.sweepInterval, logger: logger)] } ?? []),
             onServerRunning: { channel in
                 logger.notice("gatehouse is ready", metadata: [
@@ -113,21 +119,19 @@ public enum GatehouseApplication {
                 ])
             },
             logger: logger)
-        if let postgres {
-            // The pooled client runs as a service; migrations wait for it, then the server starts.
-            app.beforeServerStarts { try await postgres.migrate() }
-        }
+        // The pooled client runs as a service; migrations wait for it, then the server starts.
+        app.beforeServerStarts { try await opened.prepare() }
         do {
             try await app.runService()
         } catch {
             try? await relay?.backendClient.shutdown()
             try? await httpClient.shutdown()
-            try? await sqlite?.close()
+            await opened.close()
             throw error
         }
         try await relay?.backendClient.shutdown()
         try await httpClient.shutdown()
-        try await sqlite?.close()
+        await opened.close()
     }
 
     /// The relay's cache, resolvers, backend client and signer; `nil` without routes.

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import GatehouseCore
 import NIOCore
+import NIOPosix
 
 /// Turns what an upstream did into the `OAuthError` the app sees.
 enum UpstreamFailure {
@@ -10,19 +11,23 @@ enum UpstreamFailure {
         if let error = error as? HTTPClientError {
             switch error {
             case .deadlineExceeded, .readTimeout, .writeTimeout:
-                return .upstreamTimeout("the authorization server did not answer in time")
+                return OAuthError.upstreamTimeout("the authorization server did not answer in time").delivered(.unknown)
             case .connectTimeout, .tlsHandshakeTimeout, .getConnectionFromPoolTimeout:
-                return .upstreamUnavailable("the authorization server cannot be reached")
+                // No connection, so no request: nothing was spent.
+                return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unspent)
             case .remoteConnectionClosed:
-                return .upstreamUnavailable("the authorization server closed the connection")
+                return OAuthError.upstreamUnavailable("the authorization server closed the connection").delivered(.unknown)
             default:
-                return .upstreamUnavailable("the authorization server cannot be reached")
+                return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
             }
+        }
+        if error is NIOConnectionError || (error as? IOError).map({ [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].contains($0.errnoCode) }) == true {
+            return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unspent)
         }
         if error is NIOTooManyBytesError {
             return .badUpstream("the authorization server's answer is too large")
         }
-        return .upstreamUnavailable("the authorization server cannot be reached")
+        return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
     }
 
     /// An HTTP answer from a token endpoint: tokens, an OAuth error, or something unusable.
@@ -39,10 +44,14 @@ enum UpstreamFailure {
                 throw relayed
             }
             throw .badUpstream("the authorization server refused Gatehouse's request (\(code.prefix(64)))")
-        case 429, 502, 503, 504:
-            throw .upstreamUnavailable("the authorization server is temporarily unavailable (HTTP \(status))")
+        case 429, 503:
+            // RFC 9110 §15.6.4 / RFC 6585 §4: the server did not act on the request.
+            throw OAuthError.upstreamUnavailable("the authorization server is temporarily unavailable (HTTP \(status))").delivered(.unspent)
+        case 502, 504:
+            // A gateway in front of the upstream: the upstream itself may have acted.
+            throw OAuthError.upstreamUnavailable("the authorization server is temporarily unavailable (HTTP \(status))").delivered(.unknown)
         default:
-            throw .badUpstream("the authorization server answered HTTP \(status)")
+            throw OAuthError.badUpstream("the authorization server answered HTTP \(status)").delivered(status >= 500 ? .unknown : .notUpstream)
         }
     }
 }

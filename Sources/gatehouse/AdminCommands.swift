@@ -49,16 +49,20 @@ struct Keys: ParsableCommand {
 }
 
 struct Sessions: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "List or revoke sealed sessions.", subcommands: [List.self, Revoke.self])
+    static let configuration = CommandConfiguration(
+        abstract: "List or revoke sealed sessions, in the store the configuration names (SQLite or PostgreSQL).",
+        subcommands: [List.self, Revoke.self])
 
     struct List: AsyncParsableCommand {
         @Option(help: "The YAML configuration file.") var config: String
         @Option(help: "Only the sessions of this subject.") var subject: String?
 
         func run() async throws {
-            let store = try await openStore(config)
-            let sessions = try await store.sessions(subject: subject)
-            try await store.close()
+            let (configuration, logger) = try loadForAdmin(config)
+            let subject = self.subject
+            let sessions = try await OpenedStore.open(configuration, logger: logger).run { store in
+                try await store.sessions(subject: subject)
+            }
             let formatter = ISO8601DateFormatter()
             print("session\tclient\tupstream\tsubject\tcreated\tstate")
             for session in sessions {
@@ -70,6 +74,12 @@ struct Sessions: AsyncParsableCommand {
     }
 
     struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            discussion: """
+                Ends the sessions in the store, tells running instances at once (PostgreSQL) and revokes each \
+                session's refresh token at the upstream's revocation_endpoint when it has one.
+                """)
+
         @Option(help: "The YAML configuration file.") var config: String
         @Option(help: "Revoke every session of this subject.") var subject: String?
         @Option(help: "Revoke this session (its id, or the first characters 'sessions list' shows).") var session: String?
@@ -79,18 +89,33 @@ struct Sessions: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let store = try await openStore(config)
-            let all = try await store.sessions(subject: subject)
+            let (configuration, logger) = try loadForAdmin(config)
+            let subject = self.subject
             let wanted = session?.replacingOccurrences(of: "…", with: "")
-            let chosen = all.filter { record in record.revokedAt == nil && (wanted.map { record.id.hasPrefix($0) } ?? true) }
-            for record in chosen { try await store.revokeSession(id: record.id, now: Date()) }
-            try await store.close()
-            print("revoked \(chosen.count) session(s); running instances stop honouring their access tokens within 10 s")
+            let count = try await GatehouseApplication.withUpstreamClients(for: configuration, logger: logger) { upstreams in
+                try await OpenedStore.open(configuration, logger: logger).run { store in
+                    let chosen = try await store.sessions(subject: subject).filter { record in
+                        record.revokedAt == nil && (wanted.map { record.id.hasPrefix($0) } ?? true)
+                    }
+                    for record in chosen {
+                        if let settings = configuration.sessions {
+                            await SessionServices(store: store, settings: settings, logger: logger)
+                                .end(record, upstreams: upstreams, identityCache: nil)
+                        } else {
+                            try await store.revokeSession(id: record.id, now: Date())
+                        }
+                    }
+                    return chosen.count
+                }
+            }
+            let heard = configuration.store.postgres != nil
+                ? "running instances were told at once" : "the running instance stops honouring their access tokens within 10 s"
+            print("revoked \(count) session(s); \(heard)")
         }
     }
 }
 
-private func openStore(_ config: String) async throws -> SQLiteAuthorizationStore {
+private func loadForAdmin(_ config: String) throws -> (GatehouseConfiguration, Logger) {
     let configuration: GatehouseConfiguration
     do {
         configuration = try YAMLConfigurationLoader.load(path: config)
@@ -99,5 +124,5 @@ private func openStore(_ config: String) async throws -> SQLiteAuthorizationStor
     }
     var logger = Logger(label: "gatehouse")
     logger.logLevel = .warning
-    return try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
+    return (configuration, logger)
 }

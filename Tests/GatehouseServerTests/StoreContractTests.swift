@@ -31,12 +31,17 @@ struct StoreContractTests {
             let transaction = AuthorizationTransaction(
                 clientID: "c", redirectURI: "com.example.app:/cb", appState: "s", codeChallenge: "x", scopes: [],
                 upstream: "u", wiring: .callback, upstreamCodeVerifier: nil, expiresAt: now.addingTimeInterval(600))
-            try await store.insertTransaction(transaction, stateHash: "s")
-            let results = try await withThrowingTaskGroup(of: AuthorizationTransaction?.self) { group in
+            try await store.insertTransaction(sealed: transaction.sealed(with: "the-state"), stateHash: "s", expiresAt: transaction.expiresAt)
+            let results = try await withThrowingTaskGroup(of: Data?.self) { group in
                 for _ in 0..<50 { group.addTask { try await store.consumeTransaction(stateHash: "s", now: now) } }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
-            #expect(results.compactMap { $0 } == [transaction])
+            let won = results.compactMap { $0 }
+            #expect(won.count == 1)
+            #expect(try won.map { try AuthorizationTransaction.unsealed($0, with: "the-state") } == [transaction])
+            // Sealed under the state: another state cannot open it, and the row holds no field in plain text.
+            #expect(throws: (any Error).self) { try AuthorizationTransaction.unsealed(won[0], with: "another-state") }
+            #expect(!String(decoding: won[0], as: UTF8.self).contains("com.example.app"))
         }
     }
 
@@ -105,6 +110,59 @@ struct StoreContractTests {
             #expect(try await store.session(id: session.id)?.revokedAt != nil)
             #expect(try await store.sessions(subject: "alice").count == 1)
             #expect(try await store.sessions(subject: "bob").isEmpty)
+        }
+    }
+
+    @Test(arguments: StoreKind.available)
+    func oneRefreshOfAPassthroughTokenAtATimeAndTheFirstAnswerWins(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            let now = Date()
+            let later = now.addingTimeInterval(86400)
+            try await store.bindPassthroughTokens([(hash: "rt", expiresAt: later)], clientID: "app", upstream: "u")
+            try await store.bindPassthroughTokens([(hash: "rt", expiresAt: later)], clientID: "other", upstream: "u")  // no effect
+            #expect(try await store.passthroughToken(hash: "rt")?.clientID == "app")
+            // Another app can never take the lease.
+            #expect(try await !store.acquirePassthroughRefresh(hash: "rt", clientID: "other", upstream: "u", owner: "x",
+                                                             until: now.addingTimeInterval(10), now: now, answeredBefore: now, expiresAt: later))
+            // Of 20 instances racing for the lease, one wins.
+            let winners = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for index in 0..<20 {
+                    group.addTask {
+                        try await store.acquirePassthroughRefresh(hash: "rt", clientID: "app", upstream: "u", owner: "i\(index)",
+                                                                  until: now.addingTimeInterval(10), now: now, answeredBefore: now, expiresAt: later)
+                    }
+                }
+                return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+            #expect(winners == 1)
+            // The first answer wins; a second (a stale holder's) is refused.
+            #expect(try await store.answerPassthroughRefresh(hash: "rt", sealed: Data("pair".utf8), rotated: true, now: now, keepUntil: later))
+            #expect(try await !store.answerPassthroughRefresh(hash: "rt", sealed: Data("other".utf8), rotated: true, now: now, keepUntil: later))
+            let record = try #require(try await store.passthroughToken(hash: "rt"))
+            #expect(record.answerSealed == Data("pair".utf8) && record.rotated && record.leaseOwner == nil)
+            // A rotated token is never refreshed again, even after its lease expired.
+            #expect(try await !store.acquirePassthroughRefresh(hash: "rt", clientID: "app", upstream: "u", owner: "y",
+                                                             until: now.addingTimeInterval(100), now: now.addingTimeInterval(50),
+                                                             answeredBefore: now.addingTimeInterval(50), expiresAt: later))
+            // A token never bound (handed out before this version) is bound to its first refresher.
+            #expect(try await store.acquirePassthroughRefresh(hash: "legacy", clientID: "app", upstream: "u", owner: "z",
+                                                            until: now.addingTimeInterval(10), now: now, answeredBefore: now, expiresAt: later))
+            #expect(try await store.passthroughToken(hash: "legacy")?.leaseOwner == "z")
+            // An expired lease can be taken over; an unrotated answer may be refreshed again once older than the window.
+            #expect(try await store.acquirePassthroughRefresh(hash: "legacy", clientID: "app", upstream: "u", owner: "w",
+                                                            until: now.addingTimeInterval(30), now: now.addingTimeInterval(11),
+                                                            answeredBefore: now, expiresAt: later))
+            #expect(try await store.answerPassthroughRefresh(hash: "legacy", sealed: Data("same".utf8), rotated: false,
+                                                           now: now.addingTimeInterval(12), keepUntil: later))
+            #expect(try await !store.acquirePassthroughRefresh(hash: "legacy", clientID: "app", upstream: "u", owner: "v",
+                                                             until: now.addingTimeInterval(60), now: now.addingTimeInterval(20),
+                                                             answeredBefore: now.addingTimeInterval(10), expiresAt: later))
+            #expect(try await store.acquirePassthroughRefresh(hash: "legacy", clientID: "app", upstream: "u", owner: "v",
+                                                            until: now.addingTimeInterval(60), now: now.addingTimeInterval(50),
+                                                            answeredBefore: now.addingTimeInterval(20), expiresAt: later))
+            try await store.releasePassthroughRefresh(hash: "legacy", owner: "v")
+            #expect(try await store.passthroughToken(hash: "legacy")?.leaseOwner == nil)
+            #expect(try await store.sweepExpired(now: later.addingTimeInterval(1)) == 2)
         }
     }
 }

@@ -45,3 +45,19 @@ extension AuthorizationTransaction {
         }
     }
 }
+
+extension AuthorizationTransaction {
+    private static let sealPurpose = "gatehouse transaction v1"
+
+    /// The transaction sealed under a key derived from Gatehouse's `state`: the row is keyed by
+    /// the state's hash, so a copy of the database can neither read the upstream PKCE verifier
+    /// nor finish the sign-in.
+    public func sealed(with state: String) throws -> Data {
+        try TokenSeal.seal(JSONEncoder().encode(self), with: state, purpose: Self.sealPurpose)
+    }
+
+    /// Opens what `sealed(with:)` made; throws for another state or a row from before sealing.
+    public static func unsealed(_ sealed: Data, with state: String) throws -> AuthorizationTransaction {
+        try JSONDecoder().decode(AuthorizationTransaction.self, from: TokenSeal.open(sealed, with: state, purpose: sealPurpose))
+    }
+}

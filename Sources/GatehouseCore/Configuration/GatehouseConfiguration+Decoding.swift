@@ -77,7 +77,7 @@ extension GatehouseConfiguration {
 
     private static func decodeServer(_ map: MappingReader, secrets: SecretLookup) -> ServerSettings? {
         let base = map.string("public_base_url", required: true)
-        if let base, let problem = problemWithEndpoint(base, allowPath: true) ?? (base.hasSuffix("/") ? "must not end with '/'" : nil) {
+        if let base, let problem = problemWithEndpoint(base) ?? (base.hasSuffix("/") ? "must not end with '/'" : nil) {
             map.reader.report(map.childPath("public_base_url"), map.value("public_base_url"), problem)
         }
         var settings = ServerSettings(publicBaseURL: base ?? "")
@@ -159,12 +159,14 @@ extension GatehouseConfiguration {
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
         let identity = map.mapping("identity").flatMap(decodeIdentity)
         let revocation = map.value("revocation_endpoint") == nil ? nil : endpoint("revocation_endpoint", in: map)
+        let policy = map.choice("refresh_token_policy", default: RefreshTokenPolicy.singleUse)
         map.finish()
         guard let name, let authorize, let token, let clientID, let secret else { return nil }
         return UpstreamSettings(
             name: name, kind: kind, authorizationEndpoint: authorize, tokenEndpoint: token, clientID: clientID,
-            clientSecretSource: secret.source, clientSecret: secret.value, clientAuthentication: authentication,
-            scopes: scopes, pkce: pkce, revocationEndpoint: revocation, identity: identity, timeout: timeout ?? .seconds(10))
+            clientSecret: secret, clientAuthentication: authentication,
+            scopes: scopes, pkce: pkce, revocationEndpoint: revocation, identity: identity, timeout: timeout ?? .seconds(10),
+            refreshTokenPolicy: policy)
     }
 
     private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
@@ -194,7 +196,7 @@ extension GatehouseConfiguration {
                          redirectURIs: redirects, scopes: scopes ?? upstream.scopes)
     }
 
-    private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> (source: SecretSource, value: Secret)? {
+    private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> Secret? {
         if map.value("client_secret") != nil {
             map.reader.report(map.childPath("client_secret"), map.value("client_secret"),
                               "secrets are never written in the configuration: use client_secret_env or client_secret_file")
@@ -208,7 +210,7 @@ extension GatehouseConfiguration {
                                   "the environment variable \(name) is not set or empty")
                 return nil
             }
-            return (.environment(name), Secret(value))
+            return Secret(value)
         case (nil, let path?):
             do {
                 let value = try secrets.readFile(path).trimmingTrailingNewlines()
@@ -216,7 +218,7 @@ extension GatehouseConfiguration {
                     map.reader.report(map.childPath("client_secret_file"), map.value("client_secret_file"), "the file \(path) is empty")
                     return nil
                 }
-                return (.file(path), Secret(value))
+                return Secret(value)
             } catch {
                 map.reader.report(map.childPath("client_secret_file"), map.value("client_secret_file"), "cannot read the file \(path)")
                 return nil
@@ -259,7 +261,7 @@ extension GatehouseConfiguration {
 
     static func endpoint(_ key: String, in map: MappingReader) -> String? {
         guard let text = map.string(key, required: true) else { return nil }
-        if let problem = problemWithEndpoint(text, allowPath: true) {
+        if let problem = problemWithEndpoint(text) {
             map.reader.report(map.childPath(key), map.value(key), problem)
             return nil
         }
@@ -267,7 +269,7 @@ extension GatehouseConfiguration {
     }
 
     /// An endpoint is `https://…`, or `http://` on a loopback host (for local set-ups and tests).
-    static func problemWithEndpoint(_ text: String, allowPath: Bool) -> String? {
+    static func problemWithEndpoint(_ text: String) -> String? {
         let loopbackHosts = ["127.0.0.1", "[::1]", "localhost"]
         let rest: Substring
         if text.hasPrefix("https://") {

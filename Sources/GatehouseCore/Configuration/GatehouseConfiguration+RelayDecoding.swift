@@ -5,7 +5,7 @@ extension GatehouseConfiguration {
     static func decodeIdentity(_ map: MappingReader) -> IdentitySettings? {
         let kind = map.choice("kind", default: IdentitySettings.Kind.personalInformation)
         let url = map.string(kind == .jwt ? "jwks_url" : "url", required: true)
-        if let url, let problem = problemWithEndpoint(url, allowPath: true) {
+        if let url, let problem = problemWithEndpoint(url) {
             map.reader.report(map.childPath(kind == .jwt ? "jwks_url" : "url"), map.node, problem)
         }
         var settings = IdentitySettings(kind: kind, url: url ?? "")

@@ -145,8 +145,6 @@ public struct UpstreamSettings: Sendable {
     public var authorizationEndpoint: String
     public var tokenEndpoint: String
     public var clientID: String
-    /// Where the secret is read from; the value itself is `clientSecret`.
-    public var clientSecretSource: SecretSource
     public var clientSecret: Secret
     public var clientAuthentication: ClientAuthentication
     /// Scopes asked for when the app asks for none.
@@ -159,18 +157,20 @@ public struct UpstreamSettings: Sendable {
     public var identity: IdentitySettings?
     /// Deadline for one whole exchange with the upstream (connect, send, answer).
     public var timeout: Duration
+    /// Whether a refresh token may be sent twice (`reusable`) or is spent by its first use
+    /// (`single_use`, the default): then a refresh whose outcome is unknown is never retried.
+    public var refreshTokenPolicy: RefreshTokenPolicy
 
     public init(name: String, kind: UpstreamKind = .oauth2, authorizationEndpoint: String, tokenEndpoint: String,
-                clientID: String, clientSecretSource: SecretSource, clientSecret: Secret,
+                clientID: String, clientSecret: Secret,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
                 pkce: Bool = false, revocationEndpoint: String? = nil, identity: IdentitySettings? = nil,
-                timeout: Duration = .seconds(10)) {
+                timeout: Duration = .seconds(10), refreshTokenPolicy: RefreshTokenPolicy = .singleUse) {
         self.name = name
         self.kind = kind
         self.authorizationEndpoint = authorizationEndpoint
         self.tokenEndpoint = tokenEndpoint
         self.clientID = clientID
-        self.clientSecretSource = clientSecretSource
         self.clientSecret = clientSecret
         self.clientAuthentication = clientAuthentication
         self.scopes = scopes
@@ -178,7 +178,24 @@ public struct UpstreamSettings: Sendable {
         self.revocationEndpoint = revocationEndpoint
         self.identity = identity
         self.timeout = timeout
+        self.refreshTokenPolicy = refreshTokenPolicy
     }
+}
+
+extension UpstreamSettings {
+    /// How long one instance may hold the right to refresh a token: its longest refresh (three
+    /// attempts within the timeout each, and their backoff), at least 3 s. Another instance takes
+    /// over only once it has run out, so a holder that dies (kill -9) delays a refresh by this much.
+    public var refreshLeaseSeconds: Double { max(3, 3 * timeout.inSeconds + 2) }
+}
+
+/// How an upstream treats a refresh token once used (`upstreams[].refresh_token_policy`).
+public enum RefreshTokenPolicy: String, Sendable, CaseIterable {
+    /// Spent by its first use (rotating, as most legacy servers and RFC 9700 public-client
+    /// rules do): a refresh is retried only when it provably never reached the upstream.
+    case singleUse = "single_use"
+    /// Usable again: a refresh whose outcome is unknown may be retried.
+    case reusable
 }
 
 /// How an upstream returns the browser after sign-in (see DESIGN.md).

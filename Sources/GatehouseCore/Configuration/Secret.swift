@@ -14,15 +14,3 @@ public struct Secret: Sendable, Equatable, CustomStringConvertible, CustomDebugS
     public var debugDescription: String { "<redacted>" }
 }
 
-/// Where a secret is read from. Secrets are never written inline in the configuration file.
-public enum SecretSource: Sendable, Equatable, CustomStringConvertible {
-    case environment(String)
-    case file(String)
-
-    public var description: String {
-        switch self {
-        case .environment(let name): "environment variable \(name)"
-        case .file(let path): "file \(path)"
-        }
-    }
-}

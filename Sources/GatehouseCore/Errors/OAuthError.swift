@@ -24,12 +24,21 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public let status: Int
     /// Seconds the app should wait before trying again (`Retry-After`), for 503 answers.
     public let retryAfter: Int?
+    /// For a failed upstream exchange: whether the request may have reached the upstream.
+    public private(set) var delivery: UpstreamDelivery = .notUpstream
 
     private init(_ base: Base, _ detail: String, status: Int, retryAfter: Int? = nil) {
         self.base = base
         self.detail = detail
         self.status = status
         self.retryAfter = retryAfter
+    }
+
+    /// The same error, recording whether the failed upstream request may have been acted on.
+    public func delivered(_ delivery: UpstreamDelivery) -> Self {
+        var copy = self
+        copy.delivery = delivery
+        return copy
     }
 
     /// The `error` code of RFC 6749.
@@ -39,7 +48,6 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public static func invalidRequest(_ detail: String) -> Self { .init(.invalidRequest, detail, status: 400) }
     public static func invalidClient(_ detail: String) -> Self { .init(.invalidClient, detail, status: 401) }
     public static func invalidGrant(_ detail: String) -> Self { .init(.invalidGrant, detail, status: 400) }
-    public static func unauthorizedClient(_ detail: String) -> Self { .init(.unauthorizedClient, detail, status: 400) }
     public static func unsupportedGrantType(_ detail: String) -> Self { .init(.unsupportedGrantType, detail, status: 400) }
     public static func unsupportedResponseType(_ detail: String) -> Self { .init(.unsupportedResponseType, detail, status: 400) }
     public static func invalidScope(_ detail: String) -> Self { .init(.invalidScope, detail, status: 400) }
@@ -77,4 +85,16 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
         let safeDetail = detail.map { String($0.prefix(300)) } ?? "the authorization server answered \(base.rawValue)"
         return .init(base, safeDetail, status: 400)
     }
+}
+
+/// Whether a failed upstream request may have been acted on: what decides if a single-use
+/// refresh token may be sent again.
+public enum UpstreamDelivery: Sendable, Hashable {
+    /// Not a transport failure toward an upstream (an OAuth error, a refusal by Gatehouse).
+    case notUpstream
+    /// Provably not acted on: the connection was never made, or the upstream answered 429 or
+    /// 503 (it did not process the request).
+    case unspent
+    /// Unknown: a timeout or a reset after the request was sent, or a 500, 502 or 504.
+    case unknown
 }

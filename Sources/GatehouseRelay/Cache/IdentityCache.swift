@@ -59,7 +59,10 @@ public final class IdentityCache: Sendable {
 
     /// Drops the entry of a token (revoked, or its session ended).
     public func invalidate(token: String, upstream: String) {
-        let key = TokenKey(token: token, upstream: upstream)
+        invalidate(key: TokenKey(token: token, upstream: upstream))
+    }
+
+    public func invalidate(key: TokenKey) {
         state.withLock { $0.remove(key) }
     }
 

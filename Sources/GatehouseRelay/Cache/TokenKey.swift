@@ -21,6 +21,27 @@ public struct TokenKey: Hashable, Sendable {
         }
     }
 
+    /// The key as 64 hex digits, to tell other instances which entry to drop.
+    public var hex: String {
+        [words.0, words.1, words.2, words.3].map { word in
+            let digits = String(word, radix: 16)
+            return String(repeating: "0", count: 16 - digits.count) + digits
+        }.joined()
+    }
+
+    public init?(hex: some StringProtocol) {
+        guard hex.utf8.count == 64 else { return nil }
+        var words: [UInt64] = []
+        var index = hex.startIndex
+        for _ in 0..<4 {
+            let end = hex.index(index, offsetBy: 16)
+            guard let word = UInt64(hex[index..<end], radix: 16) else { return nil }
+            words.append(word)
+            index = end
+        }
+        self.words = (words[0], words[1], words[2], words[3])
+    }
+
     public static func == (lhs: TokenKey, rhs: TokenKey) -> Bool {
         lhs.words.0 == rhs.words.0 && lhs.words.1 == rhs.words.1 && lhs.words.2 == rhs.words.2 && lhs.words.3 == rhs.words.3
     }

@@ -53,7 +53,9 @@ extension Gatehouse {
             wiring: client.wiring, upstreamCodeVerifier: upstreamVerifier,
             expiresAt: expiry(after: configuration.server.transactionLifetime))
         do {
-            try await store.insertTransaction(transaction, stateHash: AuthorizationTransaction.storeKey(state: state, wiring: transaction.wiring))
+            try await store.insertTransaction(sealed: transaction.sealed(with: state),
+                                              stateHash: AuthorizationTransaction.storeKey(state: state, wiring: transaction.wiring),
+                                              expiresAt: transaction.expiresAt)
         } catch {
             logger.error("store failed to record a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
             return .problem(.storeUnavailable(), for: request)
@@ -63,6 +65,14 @@ extension Gatehouse {
         ])
         return .redirect(to: upstream.authorizationURL(state: state, redirectURI: upstreamRedirectURI,
                                                        scopes: authorization.scopes, codeChallenge: upstreamChallenge))
+    }
+
+    /// Consumes the transaction of Gatehouse's `state` for one wiring and opens it; `nil` when
+    /// unknown, used, expired, of the other wiring, or not sealed under this state.
+    func consumeTransaction(state: String, wiring: UpstreamWiring) async throws -> AuthorizationTransaction? {
+        guard let sealed = try await store.consumeTransaction(stateHash: AuthorizationTransaction.storeKey(state: state, wiring: wiring), now: now())
+        else { return nil }
+        return try? AuthorizationTransaction.unsealed(sealed, with: state)
     }
 
     /// The app's redirect URI with an error, its state and Gatehouse's issuer (RFC 6749 §4.1.2.1, RFC 9207).

@@ -18,7 +18,7 @@ extension Gatehouse {
         }
         let transaction: AuthorizationTransaction?
         do {
-            transaction = try await store.consumeTransaction(stateHash: AuthorizationTransaction.storeKey(state: state, wiring: .callback), now: now())
+            transaction = try await consumeTransaction(state: state, wiring: .callback)
         } catch {
             logger.error("store failed to consume a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
             return .problem(.storeUnavailable(), for: request)

@@ -32,11 +32,28 @@ extension Gatehouse {
                 logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
             }
         } else if let upstream = upstreams[client.upstream] {
+            // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
+            let owner: String?
+            do {
+                owner = try await passthrough.owner(of: token)
+            } catch {
+                return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+            }
+            guard owner == nil || owner == client.clientID else {
+                logger.notice("revocation of another app's token ignored", metadata: ["client_id": .string(clientID)])
+                return Self.revoked()
+            }
             let hint = form["token_type_hint"] == "access_token" ? "access_token" : "refresh_token"
             await upstream.revoke(token, hint: hint)
             // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
-            relay?.cache.invalidate(token: token, upstream: client.upstream)
+            let key = TokenKey(token: token, upstream: client.upstream)
+            relay?.cache.invalidate(key: key)
+            try? await store.announceRevocation(RevocationMessage.identity(key).text)
         }
+        return Self.revoked()
+    }
+
+    private static func revoked() -> Response {
         var response = Response(status: .ok)
         response.headers[.cacheControl] = "no-store"
         return response

@@ -59,7 +59,7 @@ extension Gatehouse {
                 guard !refreshToken.hasPrefix(SessionServices.refreshPrefix), !refreshToken.hasPrefix(SessionServices.accessPrefix) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
-                return try await upstream.refresh(refreshToken, scope: scope).json
+                return try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
             }
         }
     }
@@ -67,8 +67,11 @@ extension Gatehouse {
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
     private func exposed(_ upstreamTokens: Data, to client: AppClient) async throws(OAuthError) -> Data {
         switch client.tokenExposure {
-        case .passthrough: upstreamTokens
-        case .sealed: try await beginSession(client: client, upstreamTokens: upstreamTokens)
+        case .passthrough:
+            await passthrough.bind(upstreamTokens, to: client)
+            return upstreamTokens
+        case .sealed:
+            return try await beginSession(client: client, upstreamTokens: upstreamTokens)
         }
     }
 
@@ -103,7 +106,7 @@ extension Gatehouse {
     {
         let transaction: AuthorizationTransaction?
         do {
-            transaction = try await store.consumeTransaction(stateHash: AuthorizationTransaction.storeKey(state: state, wiring: .relay), now: now())
+            transaction = try await consumeTransaction(state: state, wiring: .relay)
         } catch {
             throw .serverError("Gatehouse cannot reach its store right now")
         }

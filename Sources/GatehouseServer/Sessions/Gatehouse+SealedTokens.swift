@@ -122,15 +122,9 @@ extension Gatehouse {
         throw .serverError("the refresh token is being used concurrently; try again")
     }
 
-    /// Ends a session everywhere: store, caches, and the upstream refresh token upstream.
+    /// Ends a session everywhere (`SessionServices.end`).
     func endSession(_ session: SessionRecord, sessions: SessionServices) async {
-        try? await sessions.store.revokeSession(id: session.id, now: now())
-        sessions.views.dropSession(session.id)
-        guard let view = try? sessions.open(session) else { return }
-        relay?.cache.invalidate(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
-        if let refreshToken = view.tokens.refreshToken, let upstream = upstreams[session.upstream] {
-            await upstream.revoke(refreshToken.reveal(), hint: "refresh_token")
-        }
+        await sessions.end(session, upstreams: upstreams, identityCache: relay?.cache)
     }
 }
 

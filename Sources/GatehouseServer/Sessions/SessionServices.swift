@@ -1,7 +1,8 @@
-import Foundation
+public import Foundation
 public import GatehouseCore
-import GatehouseUpstreams
+public import GatehouseUpstreams
 public import Logging
+public import GatehouseRelay
 import Synchronization
 
 /// Sealed sessions: Gatehouse's own tokens, the sealed upstream tokens behind them, and the
@@ -11,18 +12,21 @@ public final class SessionServices: Sendable {
     static let accessPrefix = "gha_"
     static let refreshPrefix = "ghr_"
 
-    public let store: any SessionStore
+    public let store: any SessionStore & RevocationAnnouncer
     public let settings: SessionSettings
     let instanceID: String
     let logger: Logger
     let views = SessionViewCache()
+    let now: @Sendable () -> Date
     private let inflight = Mutex<[String: Task<RefreshOutcome, Never>]>([:])
 
-    public init(store: any SessionStore, settings: SessionSettings, logger: Logger) {
+    public init(store: any SessionStore & RevocationAnnouncer, settings: SessionSettings, logger: Logger,
+                now: @escaping @Sendable () -> Date = Date.init) {
         self.store = store
         self.settings = settings
         self.instanceID = String(SecureToken.generate().prefix(12))
         self.logger = logger
+        self.now = now
     }
 
     /// What the upstream token response of a session says, opened.
@@ -49,16 +53,17 @@ public final class SessionServices: Sendable {
                            tokens: try UpstreamTokenResponse(body: json), upstreamExpiresAt: session.upstreamExpiresAt)
     }
 
+    /// Due within min(`upstream_refresh_skew`, half the token's lifetime) of its expiry (`RefreshSchedule`).
     func needsRefresh(_ view: SessionView, now: Date) -> Bool {
-        guard let expiresAt = view.upstreamExpiresAt else { return false }
-        return expiresAt.timeIntervalSince(now) <= settings.upstreamRefreshSkew.inSeconds
+        RefreshSchedule.isDue(expiresAt: view.upstreamExpiresAt, lifetime: view.tokens.expiresIn.map(Double.init),
+                              skew: settings.upstreamRefreshSkew, now: now)
     }
 
     /// The upstream access token behind a Gatehouse access token, refreshed first when it is
     /// about to expire. One refresh per session at a time: coalesced here, leased in the store.
     func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
         let hash = SecureToken.hash(token)
-        let now = Date()
+        let now = self.now()
         if let cached = views.get(hash, now: now), !needsRefresh(cached, now: now) { return .fresh(cached) }
         let grant: (session: SessionRecord, accessExpiresAt: Date)?
         do {
@@ -93,18 +98,18 @@ public final class SessionServices: Sendable {
     }
 
     private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline {
+        let deadline = now().addingTimeInterval(10)
+        while now() < deadline {
             let session: SessionRecord?
             do { session = try await store.session(id: sessionID) } catch { return .unavailable }
-            guard let session, session.isLive(at: Date()), let view = try? open(session) else { return .ended }
-            if session.version > knownVersion, !needsRefresh(view, now: Date()) { return .fresh(view) }
+            guard let session, session.isLive(at: now()), let view = try? open(session) else { return .ended }
+            if session.version > knownVersion, !needsRefresh(view, now: now()) { return .fresh(view) }
             // The lease outlasts the longest refresh this instance may make: three attempts and their backoff.
-            let timeout = upstreams[session.upstream]?.settings.timeout.inSeconds ?? 10
+            let lease = upstreams[session.upstream]?.settings.refreshLeaseSeconds ?? 32
             let leased: Bool
             do {
                 leased = try await store.acquireRefreshLease(sessionID: sessionID, owner: instanceID,
-                                                              until: Date().addingTimeInterval(max(15, 3 * timeout + 2)), now: Date())
+                                                              until: now().addingTimeInterval(lease), now: now())
             } catch { return .unavailable }
             guard leased else {
                 // Another instance is refreshing this session: wait for its result, not a second refresh.
@@ -115,8 +120,8 @@ public final class SessionServices: Sendable {
             // read and our lease, and its refresh token is the only one the upstream still takes.
             let current: SessionRecord?
             do { current = try await store.session(id: sessionID) } catch { return .unavailable }
-            guard let current, current.isLive(at: Date()), let currentView = try? open(current) else { return .ended }
-            if current.version > knownVersion, !needsRefresh(currentView, now: Date()) {
+            guard let current, current.isLive(at: now()), let currentView = try? open(current) else { return .ended }
+            if current.version > knownVersion, !needsRefresh(currentView, now: now()) {
                 try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
                 return .fresh(currentView)
             }
@@ -127,33 +132,31 @@ public final class SessionServices: Sendable {
 
     private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
         guard let upstream = upstreams[session.upstream], let refreshToken = view.tokens.refreshToken else {
-            _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: Date())
+            _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: now())
             return .ended
         }
-        // 1. Ask the upstream. Only answers that spent nothing (no answer, 5xx, 429) are retried.
-        var fresh: UpstreamTokenResponse?
-        for attempt in 1...3 {
-            do throws(OAuthError) {
-                fresh = try await upstream.refresh(refreshToken.reveal(), scope: nil)
-                break
-            } catch where error.code == "invalid_grant" {
-                // A newer version means another instance refreshed after our lease ran out: its result stands.
-                if let stored = try? await store.session(id: session.id), stored.version > session.version,
-                   stored.isLive(at: Date()), let storedView = try? open(stored) {
-                    return .fresh(storedView)
-                }
-                logger.notice("upstream refused the session's refresh token; session ended", metadata: ["upstream": .string(session.upstream)])
-                _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: Date())
-                return .ended
-            } catch {
-                guard attempt < 3 else {
-                    logger.warning("upstream refresh failed; session kept", metadata: ["upstream": .string(session.upstream)])
-                    try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
-                    return .unavailable
-                }
-                // Backoff with jitter: 100–200 ms, then 300–400 ms.
-                try? await Task.sleep(for: .milliseconds(100 * (attempt * 2 - 1) + Int.random(in: 0..<100)))
+        // 1. Ask the upstream, retrying only what `refresh_token_policy` allows (`refreshRespectingPolicy`).
+        let fresh: UpstreamTokenResponse?
+        do throws(OAuthError) {
+            fresh = try await upstream.refreshRespectingPolicy(refreshToken.reveal(), scope: nil)
+        } catch where error.code == "invalid_grant" {
+            // A newer version means another instance refreshed after our lease ran out: its result stands.
+            if let stored = try? await store.session(id: session.id), stored.version > session.version,
+               stored.isLive(at: now()), let storedView = try? open(stored) {
+                return .fresh(storedView)
             }
+            logger.notice("upstream refused the session's refresh token; session ended", metadata: ["upstream": .string(session.upstream)])
+            _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: now())
+            return .ended
+        } catch {
+            // Failed, or its outcome unknown: the session lives; the next attempt re-reads the
+            // session under a new lease first, in case another instance got an answer meanwhile.
+            logger.warning("upstream refresh failed; session kept", metadata: [
+                "upstream": .string(session.upstream), "error": .string(error.code),
+                "outcome": .string(error.delivery == .unknown ? "unknown" : "not spent"),
+            ])
+            try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
+            return .unavailable
         }
         guard let fresh, let merged = try? Self.merge(fresh.json, keepingRefreshTokenOf: view.tokens.json),
               let tokens = try? UpstreamTokenResponse(body: merged),
@@ -162,7 +165,7 @@ public final class SessionServices: Sendable {
             return .unavailable
         }
         // 2. The upstream has spent the old refresh token: never ask it again; store the new pair.
-        let expiresAt = fresh.expiresIn.map { Date().addingTimeInterval(Double($0)) }
+        let expiresAt = fresh.expiresIn.map { now().addingTimeInterval(Double($0)) }
         let refreshed = SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
                                     version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt)
         for attempt in 1...3 {
@@ -173,8 +176,8 @@ public final class SessionServices: Sendable {
                     return .fresh(refreshed)
                 }
                 // Fenced: a newer write exists. Use it when it is live and current; else this request keeps ours.
-                if let stored = try? await store.session(id: session.id), stored.isLive(at: Date()),
-                   let storedView = try? open(stored), !needsRefresh(storedView, now: Date()) {
+                if let stored = try? await store.session(id: session.id), stored.isLive(at: now()),
+                   let storedView = try? open(stored), !needsRefresh(storedView, now: now()) {
                     return .fresh(storedView)
                 }
                 return unstored(refreshed)
@@ -189,6 +192,28 @@ public final class SessionServices: Sendable {
         logger.error("refreshed upstream tokens could not be stored; the session may need a new sign-in",
                      metadata: ["upstream": .string(view.upstream)])
         return .fresh(view)
+    }
+
+    /// Ends a session everywhere: in the store, in this instance's caches, in every other
+    /// instance's (announced through the store), and its refresh token at the upstream.
+    public func end(_ session: SessionRecord, upstreams: [String: any UpstreamClient], identityCache: IdentityCache?) async {
+        try? await store.revokeSession(id: session.id, now: now())
+        views.dropSession(session.id)
+        let view = try? open(session)
+        var messages = [RevocationMessage.session(session.id)]
+        if let view {
+            let key = TokenKey(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
+            identityCache?.invalidate(key: key)
+            messages.append(.identity(key))
+        }
+        for message in messages {
+            do { try await store.announceRevocation(message.text) } catch {
+                logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
+            }
+        }
+        if let refreshToken = view?.tokens.refreshToken, let upstream = upstreams[session.upstream] {
+            await upstream.revoke(refreshToken.reveal(), hint: "refresh_token")
+        }
     }
 
     /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old one.

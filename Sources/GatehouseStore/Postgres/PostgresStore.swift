@@ -10,7 +10,7 @@ public import PostgresNIO
 ///
 /// Single use, rotation, leases and fencing are each one statement (`DELETE … RETURNING`,
 /// `UPDATE … WHERE … RETURNING`), atomic across every instance sharing the database.
-public final class PostgresStore: AuthorizationStore, SessionStore {
+public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer {
     public let client: PostgresClient
     let logger: Logger
 
@@ -81,23 +81,28 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
             """,
             "CREATE INDEX refresh_tokens_session ON refresh_tokens (session_id)",
         ],
+        [
+            """
+            CREATE TABLE passthrough_tokens (hash TEXT PRIMARY KEY, client_id TEXT NOT NULL, upstream TEXT NOT NULL,
+                expires_at BIGINT NOT NULL, lease_owner TEXT, lease_until BIGINT, answered_at BIGINT, answer_sealed BYTEA,
+                rotated BOOLEAN NOT NULL DEFAULT FALSE)
+            """,
+            "CREATE INDEX passthrough_tokens_expiry ON passthrough_tokens (expires_at)",
+        ],
     ]
 
     // MARK: Authorization state
 
-    public func insertTransaction(_ transaction: AuthorizationTransaction, stateHash: String) async throws {
-        let payload = try JSONEncoder().encode(transaction)
+    public func insertTransaction(sealed: Data, stateHash: String, expiresAt: Date) async throws {
         try await query(
-            "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (\(stateHash), \(payload), \(ms(transaction.expiresAt)))",
+            "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (\(stateHash), \(sealed), \(ms(expiresAt)))",
             logger: logger)
     }
 
-    public func consumeTransaction(stateHash: String, now: Date) async throws -> AuthorizationTransaction? {
+    public func consumeTransaction(stateHash: String, now: Date) async throws -> Data? {
         let rows = try await query(
             "DELETE FROM authorization_transactions WHERE state_hash = \(stateHash) AND expires_at > \(ms(now)) RETURNING payload", logger: logger)
-        for try await payload in rows.decode(Data.self) {
-            return try JSONDecoder().decode(AuthorizationTransaction.self, from: payload)
-        }
+        for try await payload in rows.decode(Data.self) { return payload }
         return nil
     }
 
@@ -117,7 +122,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     public func sweepExpired(now: Date) async throws -> Int {
         let cutoff = ms(now)
         var removed = 0
-        for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens"] {
+        for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens", "passthrough_tokens"] {
             removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
         }
         let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
@@ -254,6 +259,81 @@ public final class PostgresStore: AuthorizationStore, SessionStore {
     public func sessionsSealed(notUnder activeKeyID: String, limit: Int) async throws -> [SessionRecord] {
         try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.key_id <> $1 AND s.revoked_at IS NULL LIMIT $2",
                                          binds: binds(activeKeyID, limit)))
+    }
+
+    // MARK: Passthrough tokens
+
+    public func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
+        for token in tokens {
+            try await query(
+                """
+                INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at) VALUES (\(token.hash), \(clientID), \(upstream), \(ms(token.expiresAt)))
+                ON CONFLICT (hash) DO NOTHING
+                """, logger: logger)
+        }
+    }
+
+    public func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
+        let rows = try await query(
+            """
+            SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
+            FROM passthrough_tokens WHERE hash = \(hash)
+            """, logger: logger)
+        for try await c in rows.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool).self) {
+            return PassthroughTokenRecord(hash: c.0, clientID: c.1, upstream: c.2, expiresAt: Self.date(c.3), leaseOwner: c.4,
+                                          leaseUntil: c.5.map(Self.date), answeredAt: c.6.map(Self.date), answerSealed: c.7, rotated: c.8)
+        }
+        return nil
+    }
+
+    public func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
+                                          answeredBefore: Date, expiresAt: Date) async throws -> Bool {
+        try await count(query(
+            """
+            INSERT INTO passthrough_tokens AS t (hash, client_id, upstream, expires_at, lease_owner, lease_until)
+            VALUES (\(hash), \(clientID), \(upstream), \(ms(expiresAt)), \(owner), \(ms(until)))
+            ON CONFLICT (hash) DO UPDATE SET lease_owner = excluded.lease_owner, lease_until = excluded.lease_until,
+                answered_at = NULL, answer_sealed = NULL, rotated = FALSE
+            WHERE t.client_id = excluded.client_id
+              AND (t.lease_until IS NULL OR t.lease_until <= \(ms(now)) OR t.lease_owner = excluded.lease_owner)
+              AND (t.answered_at IS NULL OR (NOT t.rotated AND t.answer_sealed IS NOT NULL AND t.answered_at < \(ms(answeredBefore))))
+            RETURNING 1
+            """, logger: logger)) > 0
+    }
+
+    public func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
+        try await count(query(
+            """
+            UPDATE passthrough_tokens SET answered_at = \(ms(now)), answer_sealed = \(sealed), rotated = \(rotated),
+                lease_owner = NULL, lease_until = NULL, expires_at = \(ms(keepUntil))
+            WHERE hash = \(hash) AND answered_at IS NULL RETURNING 1
+            """, logger: logger)) > 0
+    }
+
+    public func releasePassthroughRefresh(hash: String, owner: String) async throws {
+        try await query("UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = \(hash) AND lease_owner = \(owner)",
+                        logger: logger)
+    }
+
+    // MARK: Revocations across instances
+
+    /// The channel revocations are announced on.
+    static let revocationChannel = "gatehouse_revocations"
+
+    public func announceRevocation(_ message: String) async throws {
+        try await query("SELECT pg_notify(\(Self.revocationChannel), \(message))", logger: logger)
+    }
+
+    /// Calls `handle` with every revocation announced by any instance, until cancelled or the
+    /// connection fails (the caller listens again). `onListening` runs once the LISTEN is in place.
+    public func listenForRevocations(onListening: @Sendable () -> Void, _ handle: @Sendable (String) async -> Void) async throws {
+        try await client.withConnection { connection in
+            let notifications = try await connection.listen(Self.revocationChannel)
+            onListening()
+            for try await notification in notifications {
+                await handle(notification.payload)
+            }
+        }
     }
 
     // MARK: Helpers

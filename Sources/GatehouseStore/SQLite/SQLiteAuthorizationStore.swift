@@ -41,7 +41,7 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
     }
 
     /// Versioned schema changes, applied in order at start. Append; never edit a released one.
-    static let migrations: [[String]] = [authorizationSchema, sessionSchema]
+    static let migrations: [[String]] = [authorizationSchema, sessionSchema, passthroughSchema]
 
     static let authorizationSchema = [
         """
@@ -62,19 +62,17 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
         "CREATE INDEX IF NOT EXISTS issued_codes_expiry ON issued_codes (expires_at)",
     ]
 
-    public func insertTransaction(_ transaction: AuthorizationTransaction, stateHash: String) async throws {
-        let payload = try JSONEncoder().encode(transaction)
+    public func insertTransaction(sealed: Data, stateHash: String, expiresAt: Date) async throws {
         _ = try await connection.query(
             "INSERT INTO authorization_transactions (state_hash, payload, expires_at) VALUES (?, ?, ?)",
-            [.text(stateHash), .blob(ByteBuffer(bytes: payload)), .integer(Self.milliseconds(transaction.expiresAt))])
+            [.text(stateHash), .blob(ByteBuffer(bytes: sealed)), .integer(Self.milliseconds(expiresAt))])
     }
 
-    public func consumeTransaction(stateHash: String, now: Date) async throws -> AuthorizationTransaction? {
+    public func consumeTransaction(stateHash: String, now: Date) async throws -> Data? {
         let rows = try await connection.query(
             "DELETE FROM authorization_transactions WHERE state_hash = ? AND expires_at > ? RETURNING payload",
             [.text(stateHash), .integer(Self.milliseconds(now))])
-        guard let blob = rows.first?.column("payload")?.blob else { return nil }
-        return try JSONDecoder().decode(AuthorizationTransaction.self, from: Data(blob.readableBytesView))
+        return rows.first?.column("payload")?.blob.map { Data($0.readableBytesView) }
     }
 
     public func insertCode(sealed: Data, codeHash: String, expiresAt: Date) async throws {
@@ -98,13 +96,14 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
         let codes = try await connection.query("DELETE FROM issued_codes WHERE expires_at <= ? RETURNING 1", [cutoff])
         let access = try await connection.query("DELETE FROM access_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
         let refresh = try await connection.query("DELETE FROM refresh_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let passthrough = try await connection.query("DELETE FROM passthrough_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
         let sessions = try await connection.query("DELETE FROM sessions WHERE expires_at <= ? RETURNING id", [cutoff])
         for row in sessions {
             guard let id = row.column("id")?.string else { continue }
             _ = try await connection.query("DELETE FROM refresh_tokens WHERE session_id = ?", [.text(id)])
             _ = try await connection.query("DELETE FROM access_tokens WHERE session_id = ?", [.text(id)])
         }
-        return transactions.count + codes.count + access.count + refresh.count + sessions.count
+        return transactions.count + codes.count + access.count + refresh.count + passthrough.count + sessions.count
     }
 
     public func checkHealth() async throws {

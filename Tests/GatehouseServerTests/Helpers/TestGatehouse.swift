@@ -67,7 +67,7 @@ struct TestGatehouse {
     static func make(pkce: Bool = false, grace: Duration = .seconds(30)) async throws -> TestGatehouse {
         let settings = UpstreamSettings(
             name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
-            clientID: "gatehouse", clientSecretSource: .environment("X"), clientSecret: Secret("upstream-secret"),
+            clientID: "gatehouse", clientSecret: Secret("upstream-secret"),
             scopes: ["read"], pkce: pkce)
         let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy", tokenExposure: .passthrough,
                                        redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])

@@ -16,7 +16,7 @@ enum StoreKind: String, CaseIterable, CustomStringConvertible, Sendable {
     }
 }
 
-typealias ContractStore = any AuthorizationStore & SessionStore
+typealias ContractStore = any GatehouseStore
 
 /// Runs `body` against a fresh, empty store of `kind` (a new SQLite file, or a new PostgreSQL database).
 func withStore(_ kind: StoreKind, _ body: @Sendable (ContractStore) async throws -> Void) async throws {

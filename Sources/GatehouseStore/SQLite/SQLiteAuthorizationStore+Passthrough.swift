@@ -1,0 +1,87 @@
+public import Foundation
+public import GatehouseCore
+import NIOCore
+import SQLiteNIO
+
+extension SQLiteAuthorizationStore: PassthroughTokenStore {
+    static let passthroughSchema = [
+        """
+        CREATE TABLE passthrough_tokens (
+            hash TEXT PRIMARY KEY NOT NULL,
+            client_id TEXT NOT NULL,
+            upstream TEXT NOT NULL,
+            expires_at INTEGER NOT NULL,
+            lease_owner TEXT,
+            lease_until INTEGER,
+            answered_at INTEGER,
+            answer_sealed BLOB,
+            rotated INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX passthrough_tokens_expiry ON passthrough_tokens (expires_at)",
+    ]
+
+    public func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
+        for token in tokens {
+            _ = try await connection.query(
+                "INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at) VALUES (?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
+                [.text(token.hash), .text(clientID), .text(upstream), .integer(Self.milliseconds(token.expiresAt))])
+        }
+    }
+
+    public func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
+        let rows = try await connection.query(
+            """
+            SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
+            FROM passthrough_tokens WHERE hash = ?
+            """, [.text(hash)])
+        guard let row = rows.first, let hash = row.column("hash")?.string, let client = row.column("client_id")?.string,
+              let upstream = row.column("upstream")?.string, let expires = row.column("expires_at")?.integer else { return nil }
+        return PassthroughTokenRecord(
+            hash: hash, clientID: client, upstream: upstream, expiresAt: Self.date(expires), leaseOwner: row.column("lease_owner")?.string,
+            leaseUntil: row.column("lease_until")?.integer.map(Self.date), answeredAt: row.column("answered_at")?.integer.map(Self.date),
+            answerSealed: row.column("answer_sealed")?.blob.map { Data($0.readableBytesView) }, rotated: row.column("rotated")?.integer == 1)
+    }
+
+    public func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
+                                          answeredBefore: Date, expiresAt: Date) async throws -> Bool {
+        let rows = try await connection.query(
+            """
+            INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at, lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?)
+            ON CONFLICT (hash) DO UPDATE SET lease_owner = excluded.lease_owner, lease_until = excluded.lease_until,
+                answered_at = NULL, answer_sealed = NULL, rotated = 0
+            WHERE passthrough_tokens.client_id = excluded.client_id
+              AND (passthrough_tokens.lease_until IS NULL OR passthrough_tokens.lease_until <= ?
+                   OR passthrough_tokens.lease_owner = excluded.lease_owner)
+              AND (passthrough_tokens.answered_at IS NULL
+                   OR (passthrough_tokens.rotated = 0 AND passthrough_tokens.answer_sealed IS NOT NULL AND passthrough_tokens.answered_at < ?))
+            RETURNING 1
+            """,
+            [.text(hash), .text(clientID), .text(upstream), .integer(Self.milliseconds(expiresAt)), .text(owner),
+             .integer(Self.milliseconds(until)), .integer(Self.milliseconds(now)), .integer(Self.milliseconds(answeredBefore))])
+        return !rows.isEmpty
+    }
+
+    public func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
+        let rows = try await connection.query(
+            """
+            UPDATE passthrough_tokens SET answered_at = ?, answer_sealed = ?, rotated = ?, lease_owner = NULL, lease_until = NULL,
+                expires_at = ?
+            WHERE hash = ? AND answered_at IS NULL RETURNING 1
+            """,
+            [.integer(Self.milliseconds(now)), sealed.map { .blob(ByteBuffer(bytes: $0)) } ?? .null, .integer(rotated ? 1 : 0),
+             .integer(Self.milliseconds(keepUntil)), .text(hash)])
+        return !rows.isEmpty
+    }
+
+    public func releasePassthroughRefresh(hash: String, owner: String) async throws {
+        _ = try await connection.query(
+            "UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = ? AND lease_owner = ?",
+            [.text(hash), .text(owner)])
+    }
+}
+
+extension SQLiteAuthorizationStore: RevocationAnnouncer {
+    /// One instance per SQLite file: it has already dropped what it cached.
+    public func announceRevocation(_ message: String) async throws {}
+}

@@ -1,0 +1,28 @@
+public import GatehouseCore
+
+extension UpstreamClient {
+    /// A refresh with retries that respect `refresh_token_policy`: a request that provably never
+    /// reached the upstream (no connection) or that the upstream declined unread (429, 503) is
+    /// retried twice, with backoff and jitter; a request whose fate is unknown (a timeout, a reset
+    /// after sending, a 500, 502 or 504) is retried only when the upstream's refresh tokens are
+    /// `reusable`, since sending a single-use token twice can make the upstream revoke the family.
+    /// OAuth errors (`invalid_grant`, …) are never retried.
+    public func refreshRespectingPolicy(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        var attempt = 1
+        while true {
+            do throws(OAuthError) {
+                return try await refresh(refreshToken, scope: scope)
+            } catch {
+                let retryable = switch error.delivery {
+                case .notUpstream: false
+                case .unspent: true
+                case .unknown: settings.refreshTokenPolicy == .reusable
+                }
+                guard retryable, attempt < 3 else { throw error }
+                // Backoff with jitter: 100–200 ms, then 300–400 ms.
+                try? await Task.sleep(for: .milliseconds(100 * (attempt * 2 - 1) + Int.random(in: 0..<100)))
+                attempt += 1
+            }
+        }
+    }
+}
