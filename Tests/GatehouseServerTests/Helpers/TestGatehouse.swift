@@ -64,15 +64,17 @@ struct TestGatehouse {
     static let keyRingLine = "k1 " + SecureToken.generate()
     static let keyRing = try! KeyRing(parsing: keyRingLine)
 
-    static func make(pkce: Bool = false, grace: Duration = .seconds(30)) async throws -> TestGatehouse {
+    static func make(pkce: Bool = false, grace: Duration = .seconds(30), policy: RefreshTokenPolicy = .singleUse) async throws -> TestGatehouse {
         let settings = UpstreamSettings(
             name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
             clientID: "gatehouse", clientSecret: Secret("upstream-secret"),
-            scopes: ["read"], pkce: pkce)
+            scopes: ["read"], pkce: pkce, refreshTokenPolicy: policy)
         let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy", tokenExposure: .passthrough,
                                        redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])
         let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay, tokenExposure: .passthrough,
                                     redirectURIs: [try RedirectURI(registering: "com.example.relay:/cb")], scopes: ["read"])
+        let otherClient = AppClient(clientID: "com.example.other", upstream: "legacy", tokenExposure: .passthrough,
+                                    redirectURIs: [try RedirectURI(registering: "com.example.other:/cb")], scopes: ["read"])
         let sealedClient = AppClient(clientID: "com.example.sealed", upstream: "legacy", tokenExposure: .sealed,
                                      redirectURIs: [try RedirectURI(registering: "com.example.sealed:/cb")], scopes: ["read"])
         let sessionSettings = SessionSettings(keyRing: keyRing, refreshGrace: grace)
@@ -80,7 +82,8 @@ struct TestGatehouse {
             server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
             store: StoreSettings(sqlitePath: ":memory:"),
             upstreams: ["legacy": settings],
-            clients: [callbackClient.clientID: callbackClient, relayClient.clientID: relayClient, sealedClient.clientID: sealedClient],
+            clients: [callbackClient.clientID: callbackClient, relayClient.clientID: relayClient, sealedClient.clientID: sealedClient,
+                      otherClient.clientID: otherClient],
             sessions: sessionSettings)
         let upstream = ScriptedUpstream(settings: settings, answer: .success(tokenJSON))
         let clock = ManualClock()
@@ -88,16 +91,16 @@ struct TestGatehouse {
         logger.logLevel = .critical
         let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
         let gatehouse = Gatehouse(configuration: configuration, store: store, upstreams: ["legacy": upstream],
-                                  sessions: SessionServices(store: store, settings: sessionSettings, logger: logger),
+                                  sessions: SessionServices(store: store, settings: sessionSettings, logger: logger, now: { clock.now() }),
                                   now: { clock.now() }, logger: logger)
         return TestGatehouse(gatehouse: gatehouse, upstream: upstream, clock: clock, store: store)
     }
 
     /// Runs `body` against the in-process router, then closes the store.
-    static func withRouter(pkce: Bool = false, grace: Duration = .seconds(30),
+    static func withRouter(pkce: Bool = false, grace: Duration = .seconds(30), policy: RefreshTokenPolicy = .singleUse,
                            _ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void) async throws
     {
-        let test = try await make(pkce: pkce, grace: grace)
+        let test = try await make(pkce: pkce, grace: grace, policy: policy)
         do {
             try await Application(router: GatehouseApplication.router(for: test.gatehouse)).test(.router) { client in
                 try await body(test, client)
