@@ -21,7 +21,8 @@ enum UpstreamFailure {
                 return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
             }
         }
-        if error is NIOConnectionError || (error as? IOError).map({ [ECONNREFUSED, ENETUNREACH, EHOSTUNREACH].contains($0.errnoCode) }) == true {
+        // Refused connections only: ENETUNREACH and EHOSTUNREACH can also end an established socket.
+        if error is NIOConnectionError || (error as? IOError)?.errnoCode == ECONNREFUSED {
             return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unspent)
         }
         if error is NIOTooManyBytesError {

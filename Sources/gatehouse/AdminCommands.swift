@@ -99,7 +99,7 @@ struct Sessions: AsyncParsableCommand {
                     }
                     for record in chosen {
                         if let settings = configuration.sessions {
-                            await SessionServices(store: store, settings: settings, logger: logger)
+                            try await SessionServices(store: store, settings: settings, logger: logger)
                                 .end(record, upstreams: upstreams, identityCache: nil)
                         } else {
                             try await store.revokeSession(id: record.id, now: Date())

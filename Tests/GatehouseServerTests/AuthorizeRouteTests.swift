@@ -65,12 +65,22 @@ struct AuthorizeRouteTests {
         }
     }
 
-    @Test(arguments: ["&state=again", "&client_id=x", "&bad=%FF%FE", "&bad=%G1"])
+    @Test(arguments: ["&state=again", "&client_id=x", "&scope=%FF%FE", "&scope=%G1", "&state=%01"])
     func malformedOrDuplicatedParametersAreA400Never500(extra: String) async throws {
         try await TestGatehouse.withRouter() { test, client in
             let response = try await client.execute(uri: TestGatehouse.authorizeURI(extra: extra), method: .get)
             #expect(response.status == .badRequest)
             #expect(json(response)["code"] as? String == "bad_request")
+        }
+    }
+
+    /// RFC 6749 §3.1: unrecognized parameters are ignored, even malformed or repeated ones.
+    @Test(arguments: ["&bad=%FF%FE", "&bad=%G1", "&x=1&x=2", "&%01=y", "&=z"])
+    func unrecognizedParametersAreIgnoredHoweverMalformed(extra: String) async throws {
+        try await TestGatehouse.withRouter() { test, client in
+            let response = try await client.execute(uri: TestGatehouse.authorizeURI(extra: extra), method: .get)
+            #expect(response.status == .found)
+            #expect(response.headers[.location]?.hasPrefix("https://as.example.com/authorize") == true)
         }
     }
 }

@@ -160,7 +160,7 @@ struct StoreContractTests {
             #expect(try await store.acquirePassthroughRefresh(hash: "legacy", clientID: "app", upstream: "u", owner: "v",
                                                             until: now.addingTimeInterval(60), now: now.addingTimeInterval(50),
                                                             answeredBefore: now.addingTimeInterval(20), expiresAt: later))
-            try await store.releasePassthroughRefresh(hash: "legacy", owner: "v")
+            try await store.releasePassthroughRefresh(hash: "legacy", owner: "v", forget: false)
             #expect(try await store.passthroughToken(hash: "legacy")?.leaseOwner == nil)
             #expect(try await store.sweepExpired(now: later.addingTimeInterval(1)) == 2)
         }

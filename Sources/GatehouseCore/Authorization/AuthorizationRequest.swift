@@ -18,6 +18,11 @@ public enum AuthorizationDecision: Sendable, Equatable {
 }
 
 extension AuthorizationRequest {
+    /// The parameters `/oauth/authorize` reads; others are ignored (RFC 6749 §3.1).
+    public static let parameterNames: Set<String> = [
+        "response_type", "client_id", "redirect_uri", "scope", "state", "code_challenge", "code_challenge_method",
+    ]
+
     /// Decides on an authorization request. Client and redirect URI are checked first: until
     /// both are known good, no error may be redirected anywhere.
     public static func decide(_ parameters: FormParameters, clients: [String: AppClient]) -> AuthorizationDecision {

@@ -11,6 +11,11 @@ public enum TokenRequest: Sendable, Equatable {
         }
     }
 
+    /// The parameters the token endpoint reads; others are ignored (RFC 6749 §3.2).
+    public static let parameterNames: Set<String> = [
+        "grant_type", "client_id", "code", "redirect_uri", "code_verifier", "state", "refresh_token", "scope",
+    ]
+
     /// Reads the form; every missing or malformed parameter is an `invalid_request`.
     public static func parse(_ form: FormParameters) throws(OAuthError) -> TokenRequest {
         guard let grantType = form["grant_type"] else { throw .invalidRequest("grant_type is required") }

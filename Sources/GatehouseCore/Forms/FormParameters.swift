@@ -23,14 +23,23 @@ public struct FormParameters: Sendable, Equatable {
     }
 
     /// Parses a query string or form body.
-    public init(parsing bytes: some Collection<UInt8>, limits: Limits = Limits()) throws(FormError) {
+    /// With `recognizing`, parameters of any other name are skipped unread, malformed or
+    /// repeated ones included (RFC 6749 §3.1 and §3.2: a server MUST ignore unrecognized
+    /// parameters); the rules above then hold for the recognized ones only.
+    public init(parsing bytes: some Collection<UInt8>, limits: Limits = Limits(), recognizing: Set<String>? = nil) throws(FormError) {
         var values: [String: String] = [:]
         var pairs = 0
         for pair in bytes.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: true) {
             pairs += 1
             guard pairs <= limits.maximumPairs else { throw .tooManyParameters }
             let parts = pair.split(separator: UInt8(ascii: "="), maxSplits: 1, omittingEmptySubsequences: false)
-            let name = try Self.decode(parts[0], limit: 128, field: nil)
+            let name: String
+            if let recognizing {
+                guard let decoded = try? Self.decode(parts[0], limit: 128, field: nil), recognizing.contains(decoded) else { continue }
+                name = decoded
+            } else {
+                name = try Self.decode(parts[0], limit: 128, field: nil)
+            }
             let value = parts.count > 1 ? try Self.decode(parts[1], limit: limits.maximumValueBytes, field: name) : ""
             guard !name.isEmpty else { throw .malformed }
             guard values[name] == nil else { throw .duplicated(name) }

@@ -48,10 +48,12 @@ public protocol PassthroughTokenStore: Sendable {
     func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
                                    answeredBefore: Date, expiresAt: Date) async throws -> Bool
     /// Stores the upstream's answer (or its refusal, `sealed == nil`) and ends the lease, if no
-    /// answer is stored yet (the first answer wins); `false` otherwise.
+    /// answer is stored yet (the first answer wins; a pair also replaces a refusal, which can only
+    /// come from a holder whose token another holder had just spent); `false` otherwise.
     func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool
-    /// Gives up a lease without an answer (the upstream could not be asked, or its answer is unknown).
-    func releasePassthroughRefresh(hash: String, owner: String) async throws
+    /// Gives up a lease without an answer (the upstream could not be asked, or its answer is
+    /// unknown); with `forget`, deletes the row (a token first seen by this refresh stays unbound).
+    func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws
 }
 
 /// The refresh of a passthrough token as a decision over its stored record.

@@ -30,14 +30,17 @@ public struct TokenKey: Hashable, Sendable {
     }
 
     public init?(hex: some StringProtocol) {
-        guard hex.utf8.count == 64 else { return nil }
-        var words: [UInt64] = []
-        var index = hex.startIndex
-        for _ in 0..<4 {
-            let end = hex.index(index, offsetBy: 16)
-            guard let word = UInt64(hex[index..<end], radix: 16) else { return nil }
-            words.append(word)
-            index = end
+        let bytes = Array(hex.utf8)
+        guard bytes.count == 64 else { return nil }
+        var words: [UInt64] = [0, 0, 0, 0]
+        for (index, byte) in bytes.enumerated() {
+            let digit: UInt8
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
+            default: return nil
+            }
+            words[index / 16] = words[index / 16] << 4 | UInt64(digit)
         }
         self.words = (words[0], words[1], words[2], words[3])
     }

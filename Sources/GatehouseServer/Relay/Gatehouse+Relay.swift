@@ -62,11 +62,17 @@ extension Gatehouse {
             if resolution == .inactive, let sessions, let view = sealedView, view.upstreamExpiresAt == nil {
                 // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
                 // refresh once now rather than send the app to sign in again.
-                guard case .fresh(let refreshed) = await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version,
-                                                                          upstreams: upstreams) else {
-                    return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+                let refreshed: SessionServices.SessionView
+                switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
+                case .fresh(let view): refreshed = view
+                case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+                case .unavailable:
+                    // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
+                    var response = Response.problem(.identityUnavailable(), for: request)
+                    response.headers[.retryAfter] = "5"
+                    return response
                 }
-                sessions.views.dropSession(view.sessionID)
+                sessions.views.dropSession(view.sessionID, revoked: false)
                 upstreamToken = refreshed.tokens.accessToken.reveal()
                 resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                            negativeTTL: identitySettings.negativeTTL, resolver: resolver)

@@ -9,7 +9,7 @@ extension Gatehouse {
     func authorize(_ request: Request) async -> Response {
         let parameters: FormParameters
         do {
-            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8))
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: AuthorizationRequest.parameterNames)
         } catch {
             return .problem(.badRequest("The sign-in request is malformed: \(error.description)."), for: request)
         }

@@ -9,7 +9,8 @@ extension Gatehouse {
     func callback(_ request: Request) async -> Response {
         let parameters: FormParameters
         do {
-            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8))
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8),
+                                            recognizing: ["code", "state", "error", "error_description"])
         } catch {
             return .problem(.badRequest("The sign-in response is malformed: \(error.description)."), for: request)
         }

@@ -16,7 +16,7 @@ extension Gatehouse {
         let form: FormParameters
         do {
             let body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
-            form = try FormParameters(parsing: body.readableBytesView)
+            form = try FormParameters(parsing: body.readableBytesView, recognizing: ["token", "token_type_hint", "client_id"])
         } catch let error as FormError {
             return .oauthError(.invalidRequest(error.description))
         } catch {
@@ -28,7 +28,11 @@ extension Gatehouse {
         }
         if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
             if let session = await sessionOf(token, sessions: sessions), session.clientID == client.clientID, session.isLive(at: now()) {
-                await endSession(session, sessions: sessions)
+                do {
+                    try await endSession(session, sessions: sessions)
+                } catch {
+                    return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+                }
                 logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
             }
         } else if let upstream = upstreams[client.upstream] {

@@ -20,7 +20,7 @@ extension Gatehouse {
         do throws(OAuthError) {
             let form: FormParameters
             do {
-                form = try FormParameters(parsing: body.readableBytesView)
+                form = try FormParameters(parsing: body.readableBytesView, recognizing: TokenRequest.parameterNames)
             } catch {
                 throw .invalidRequest(error.description)
             }

@@ -100,7 +100,7 @@ extension Gatehouse {
                 guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
                 logger.warning("security event: a replaced refresh token was presented again; its session is revoked",
                                metadata: ["client_id": .string(client.clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
-                await endSession(session, sessions: sessions)
+                try? await endSession(session, sessions: sessions)
                 throw .invalidGrant("the refresh token was already used; the session has been ended")
             case .rotate:
                 guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
@@ -122,9 +122,9 @@ extension Gatehouse {
         throw .serverError("the refresh token is being used concurrently; try again")
     }
 
-    /// Ends a session everywhere (`SessionServices.end`).
-    func endSession(_ session: SessionRecord, sessions: SessionServices) async {
-        await sessions.end(session, upstreams: upstreams, identityCache: relay?.cache)
+    /// Ends a session everywhere (`SessionServices.end`); throws when the store cannot record it.
+    func endSession(_ session: SessionRecord, sessions: SessionServices) async throws {
+        try await sessions.end(session, upstreams: upstreams, identityCache: relay?.cache)
     }
 }
 

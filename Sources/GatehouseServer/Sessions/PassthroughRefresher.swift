@@ -76,6 +76,7 @@ final class PassthroughRefresher: Sendable {
     private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
         let hash = SecureToken.hash(token)
         let deadline = now().addingTimeInterval(Self.waitLimit)
+        var sawAnotherRefresh = false
         while now() < deadline {
             let record: PassthroughTokenRecord?
             do { record = try await store.passthroughToken(hash: hash) } catch { throw .serverError("Gatehouse cannot reach its store right now") }
@@ -91,27 +92,41 @@ final class PassthroughRefresher: Sendable {
                 }
                 return body
             case .wait:
+                sawAnotherRefresh = true
                 try? await Task.sleep(for: .milliseconds(50 + Int.random(in: 0..<50)))
             case .refresh:
+                // Another instance gave up its lease without an answer: its refresh failed, or its
+                // outcome is unknown. Sending the token again now would be a retry the policy may
+                // forbid; the caller's next attempt decides. (A lease that ran out, a dead holder,
+                // is taken over: its owner is still recorded.)
+                if sawAnotherRefresh, record?.leaseOwner == nil, record?.answeredAt == nil {
+                    throw .upstreamUnavailable("the authorization server did not complete the refresh; try again")
+                }
                 // The lease is taken only if no answer stands and no live lease is held: the
-                // re-read under the lease is part of the same statement.
+                // re-read under the lease is part of the same statement. Each attempt has its own
+                // owner, so two attempts of one process can never both hold it.
+                let owner = instanceID + "." + String(SecureToken.generate().prefix(8))
                 let at = now()
                 let leased: Bool
                 do {
                     leased = try await store.acquirePassthroughRefresh(
-                        hash: hash, clientID: client.clientID, upstream: client.upstream, owner: instanceID,
+                        hash: hash, clientID: client.clientID, upstream: client.upstream, owner: owner,
                         until: at.addingTimeInterval(upstream.settings.refreshLeaseSeconds), now: at,
                         answeredBefore: at.addingTimeInterval(-grace.inSeconds), expiresAt: at.addingTimeInterval(bindingLifetime))
                 } catch {
                     throw .serverError("Gatehouse cannot reach its store right now")
                 }
-                if leased { return try await refreshUnderLease(token, hash: hash, scope: scope, client: client, upstream: upstream) }
+                if leased {
+                    return try await refreshUnderLease(token, hash: hash, owner: owner, boundBefore: record != nil, scope: scope,
+                                                       client: client, upstream: upstream)
+                }
+                try? await Task.sleep(for: .milliseconds(20 + Int.random(in: 0..<30)))
             }
         }
         throw .upstreamUnavailable("another request is refreshing this token; try again", retryAfter: 1)
     }
 
-    private func refreshUnderLease(_ token: String, hash: String, scope: String?, client: AppClient,
+    private func refreshUnderLease(_ token: String, hash: String, owner: String, boundBefore: Bool, scope: String?, client: AppClient,
                                    upstream: any UpstreamClient) async throws(OAuthError) -> Data {
         let fresh: UpstreamTokenResponse
         do throws(OAuthError) {
@@ -119,31 +134,51 @@ final class PassthroughRefresher: Sendable {
         } catch where error.code == "invalid_grant" {
             // Another instance may have answered after our lease ran out: its answer stands.
             if let stored = try? await storedAnswer(hash, token: token) { return stored }
+            // Remembered for as long as a binding: a spent token is never sent upstream again.
             let at = now()
             _ = try? await store.answerPassthroughRefresh(hash: hash, sealed: nil, rotated: true, now: at,
-                                                          keepUntil: at.addingTimeInterval(grace.inSeconds + 60))
+                                                          keepUntil: at.addingTimeInterval(bindingLifetime))
             throw error
         } catch {
-            // Unknown or failed: the next attempt asks the store first, then the upstream.
-            try? await store.releasePassthroughRefresh(hash: hash, owner: instanceID)
-            throw error
+            // Failed, or its outcome unknown: nothing is recorded as spent, the next attempt asks
+            // the store first, then the upstream. A token Gatehouse had never seen is not bound
+            // to an app by a refresh that did not succeed.
+            try? await store.releasePassthroughRefresh(hash: hash, owner: owner, forget: !boundBefore)
+            switch error.delivery {
+            case .notUpstream:
+                throw error
+            case .unknown:
+                logger.warning("passthrough refresh outcome unknown; not retried", metadata: ["client_id": .string(client.clientID)])
+                throw .upstreamUnavailable("the authorization server did not confirm the refresh; try again")
+            case .unspent:
+                throw .upstreamUnavailable(error.detail)
+            }
         }
         let body = fresh.json
         let rotated = fresh.refreshToken.map { $0.reveal() != token } ?? false
-        let at = now()
-        do {
-            let sealed = try TokenSeal.seal(body, with: token, purpose: Self.purpose)
-            let keepUntil = at.addingTimeInterval(rotated ? grace.inSeconds + 60 : bindingLifetime)
-            if try await !store.answerPassthroughRefresh(hash: hash, sealed: sealed, rotated: rotated, now: at, keepUntil: keepUntil),
-               let stored = try? await storedAnswer(hash, token: token) {
-                return stored  // a stale holder's answer came first: one pair for everyone
-            }
-        } catch {
-            logger.error("refreshed passthrough tokens could not be recorded; a concurrent refresh of the same token may fail",
-                         metadata: ["client_id": .string(client.clientID)])
-        }
+        // The new tokens are bound before anyone can see them.
         await bind(body, to: client)
-        logger.info("passthrough tokens refreshed", metadata: ["client_id": .string(client.clientID), "upstream": .string(client.upstream)])
+        let sealed: Data
+        do { sealed = try TokenSeal.seal(body, with: token, purpose: Self.purpose) } catch { return body }
+        // The upstream has spent the old token: the answer must be stored (three tries), and is
+        // kept as long as a binding, so a late replay is refused here and never reaches the upstream.
+        for attempt in 1...3 {
+            let at = now()
+            do {
+                if try await store.answerPassthroughRefresh(hash: hash, sealed: sealed, rotated: rotated, now: at,
+                                                            keepUntil: at.addingTimeInterval(bindingLifetime)) {
+                    logger.info("passthrough tokens refreshed", metadata: ["client_id": .string(client.clientID), "upstream": .string(client.upstream)])
+                    return body
+                }
+                // A stale holder's answer came first: one pair for everyone.
+                if let stored = try? await storedAnswer(hash, token: token) { return stored }
+                return body
+            } catch {
+                try? await Task.sleep(for: .milliseconds(100 * attempt))
+            }
+        }
+        logger.error("refreshed passthrough tokens could not be recorded; a concurrent refresh of the same token may fail",
+                     metadata: ["client_id": .string(client.clientID)])
         return body
     }
 

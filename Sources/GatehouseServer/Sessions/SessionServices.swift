@@ -78,7 +78,7 @@ public final class SessionServices: Sendable {
             case let other: return other
             }
         }
-        views.put(hash, view, until: min(grant.accessExpiresAt, now.addingTimeInterval(10)))
+        views.put(hash, view, until: min(grant.accessExpiresAt, now.addingTimeInterval(10)), now: now)
         return .fresh(view)
     }
 
@@ -99,6 +99,7 @@ public final class SessionServices: Sendable {
 
     private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
         let deadline = now().addingTimeInterval(10)
+        var sawAnotherRefresh = false
         while now() < deadline {
             let session: SessionRecord?
             do { session = try await store.session(id: sessionID) } catch { return .unavailable }
@@ -113,6 +114,7 @@ public final class SessionServices: Sendable {
             } catch { return .unavailable }
             guard leased else {
                 // Another instance is refreshing this session: wait for its result, not a second refresh.
+                sawAnotherRefresh = true
                 try? await Task.sleep(for: .milliseconds(50 + Int.random(in: 0..<50)))
                 continue
             }
@@ -124,6 +126,13 @@ public final class SessionServices: Sendable {
             if current.version > knownVersion, !needsRefresh(currentView, now: now()) {
                 try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
                 return .fresh(currentView)
+            }
+            if sawAnotherRefresh {
+                // The other instance's lease ended without new tokens: its refresh failed, its outcome
+                // is unknown, or it died. Refreshing again at once would be a retry the upstream's
+                // `refresh_token_policy` may forbid; the caller's next attempt does it.
+                try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
+                return .unavailable
             }
             return await refreshUnderLease(current, view: currentView, upstreams: upstreams)
         }
@@ -196,9 +205,10 @@ public final class SessionServices: Sendable {
 
     /// Ends a session everywhere: in the store, in this instance's caches, in every other
     /// instance's (announced through the store), and its refresh token at the upstream.
-    public func end(_ session: SessionRecord, upstreams: [String: any UpstreamClient], identityCache: IdentityCache?) async {
-        try? await store.revokeSession(id: session.id, now: now())
-        views.dropSession(session.id)
+    /// Throws, having done nothing else, when the store cannot record the revocation.
+    public func end(_ session: SessionRecord, upstreams: [String: any UpstreamClient], identityCache: IdentityCache?) async throws {
+        try await store.revokeSession(id: session.id, now: now())
+        views.dropSession(session.id, now: now())
         let view = try? open(session)
         var messages = [RevocationMessage.session(session.id)]
         if let view {
@@ -235,28 +245,51 @@ final class SessionViewCache: Sendable {
         let until: Date
     }
 
-    private let entries = Mutex<[String: Entry]>([:])
+    private struct State {
+        var entries: [String: Entry] = [:]
+        /// Session id → the access-token hashes cached for it, so a revocation drops them directly.
+        var bySession: [String: Set<String>] = [:]
+        /// Sessions revoked in the last few seconds: a request that read its session just before
+        /// the revocation must not cache it again after.
+        var revoked: [String: Date] = [:]
+    }
+
+    private let state = Mutex(State())
     private let capacity = 100_000
+    /// How long a revoked session is refused a place in the cache (the longest an entry lives).
+    static let revokedMemory: TimeInterval = 10
 
     func get(_ hash: String, now: Date) -> SessionServices.SessionView? {
-        entries.withLock { entries in
-            guard let entry = entries[hash] else { return nil }
+        state.withLock { state in
+            guard let entry = state.entries[hash] else { return nil }
             guard entry.until > now else {
-                entries[hash] = nil
+                state.entries[hash] = nil
+                state.bySession[entry.view.sessionID]?.remove(hash)
                 return nil
             }
             return entry.view
         }
     }
 
-    func put(_ hash: String, _ view: SessionServices.SessionView, until: Date) {
-        entries.withLock { entries in
-            if entries.count >= capacity { entries.removeAll(keepingCapacity: true) }
-            entries[hash] = Entry(view: view, until: until)
+    func put(_ hash: String, _ view: SessionServices.SessionView, until: Date, now: Date = Date()) {
+        state.withLock { state in
+            if let revokedAt = state.revoked[view.sessionID], now.timeIntervalSince(revokedAt) < Self.revokedMemory { return }
+            if state.entries.count >= capacity {
+                state.entries.removeAll(keepingCapacity: true)
+                state.bySession.removeAll(keepingCapacity: true)
+            }
+            state.entries[hash] = Entry(view: view, until: until)
+            state.bySession[view.sessionID, default: []].insert(hash)
         }
     }
 
-    func dropSession(_ sessionID: String) {
-        entries.withLock { entries in entries = entries.filter { $0.value.view.sessionID != sessionID } }
+    /// Drops a session's views; `revoked` keeps it out of the cache for `revokedMemory`.
+    func dropSession(_ sessionID: String, revoked: Bool = true, now: Date = Date()) {
+        state.withLock { state in
+            for hash in state.bySession.removeValue(forKey: sessionID) ?? [] { state.entries[hash] = nil }
+            guard revoked else { return }
+            state.revoked = state.revoked.filter { now.timeIntervalSince($0.value) < Self.revokedMemory }
+            state.revoked[sessionID] = now
+        }
     }
 }

@@ -34,7 +34,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
         var configuration = PostgresClient.Configuration(
             host: settings.host, port: settings.port, username: settings.username, password: settings.password?.reveal(),
             database: settings.database, tls: tls)
-        configuration.options.maximumConnections = settings.poolSize
+        // One more than the pool: the connection that LISTENs for other instances' revocations.
+        configuration.options.maximumConnections = settings.poolSize + 1
         configuration.options.connectionIdleTimeout = .seconds(60)
         return PostgresClient(configuration: configuration, backgroundLogger: logger)
     }
@@ -306,13 +307,17 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             """
             UPDATE passthrough_tokens SET answered_at = \(ms(now)), answer_sealed = \(sealed), rotated = \(rotated),
                 lease_owner = NULL, lease_until = NULL, expires_at = \(ms(keepUntil))
-            WHERE hash = \(hash) AND answered_at IS NULL RETURNING 1
+            WHERE hash = \(hash) AND (answered_at IS NULL OR (answer_sealed IS NULL AND \(sealed != nil))) RETURNING 1
             """, logger: logger)) > 0
     }
 
-    public func releasePassthroughRefresh(hash: String, owner: String) async throws {
-        try await query("UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = \(hash) AND lease_owner = \(owner)",
-                        logger: logger)
+    public func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
+        if forget {
+            try await query("DELETE FROM passthrough_tokens WHERE hash = \(hash) AND lease_owner = \(owner) AND answered_at IS NULL", logger: logger)
+        } else {
+            try await query("UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = \(hash) AND lease_owner = \(owner)",
+                            logger: logger)
+        }
     }
 
     // MARK: Revocations across instances
@@ -326,12 +331,28 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 
     /// Calls `handle` with every revocation announced by any instance, until cancelled or the
     /// connection fails (the caller listens again). `onListening` runs once the LISTEN is in place.
-    public func listenForRevocations(onListening: @Sendable () -> Void, _ handle: @Sendable (String) async -> Void) async throws {
+    ///
+    /// The connection is checked every 30 s (a half-open connection, after a failover or a NAT
+    /// timeout, would otherwise deliver nothing and raise no error): a failed check ends the call.
+    public func listenForRevocations(onListening: @escaping @Sendable () -> Void,
+                                     _ handle: @escaping @Sendable (String) async -> Void) async throws {
+        let logger = self.logger
         try await client.withConnection { connection in
-            let notifications = try await connection.listen(Self.revocationChannel)
-            onListening()
-            for try await notification in notifications {
-                await handle(notification.payload)
+            try await connection.listen(on: Self.revocationChannel) { notifications in
+                onListening()
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        for try await notification in notifications { await handle(notification.payload) }
+                    }
+                    group.addTask {
+                        while true {
+                            try await Task.sleep(for: .seconds(30))
+                            try await withDeadline(Self.queryTimeout) { try await connection.query("SELECT 1", logger: logger) }
+                        }
+                    }
+                    defer { group.cancelAll() }
+                    try await group.next()
+                }
             }
         }
     }
@@ -345,16 +366,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     @discardableResult
     private func query(_ query: PostgresQuery, logger: Logger) async throws -> PostgresRowSequence {
         let client = self.client
-        return try await withThrowingTaskGroup(of: PostgresRowSequence?.self) { group in
-            group.addTask { try await client.query(query, logger: logger) }
-            group.addTask {
-                try await Task.sleep(for: Self.queryTimeout)
-                return nil
-            }
-            defer { group.cancelAll() }
-            guard let first = try await group.next(), let rows = first else { throw StoreUnavailable() }
-            return rows
-        }
+        return try await withDeadline(Self.queryTimeout) { try await client.query(query, logger: logger) }
     }
 
     private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
@@ -390,6 +402,20 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 }
 
 /// The database did not answer in time.
+/// Runs `operation` within `limit`, or throws `StoreUnavailable`.
+private func withDeadline<Value: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> Value) async throws -> Value {
+    try await withThrowingTaskGroup(of: Value?.self) { group in
+        group.addTask { try await operation() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else { throw StoreUnavailable() }
+        return value
+    }
+}
+
 public struct StoreUnavailable: Error, CustomStringConvertible {
     public var description: String { "the database did not answer in time" }
 }

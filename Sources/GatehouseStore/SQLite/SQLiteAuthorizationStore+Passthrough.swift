@@ -67,16 +67,17 @@ extension SQLiteAuthorizationStore: PassthroughTokenStore {
             """
             UPDATE passthrough_tokens SET answered_at = ?, answer_sealed = ?, rotated = ?, lease_owner = NULL, lease_until = NULL,
                 expires_at = ?
-            WHERE hash = ? AND answered_at IS NULL RETURNING 1
+            WHERE hash = ? AND (answered_at IS NULL OR (answer_sealed IS NULL AND ? IS NOT NULL)) RETURNING 1
             """,
             [.integer(Self.milliseconds(now)), sealed.map { .blob(ByteBuffer(bytes: $0)) } ?? .null, .integer(rotated ? 1 : 0),
-             .integer(Self.milliseconds(keepUntil)), .text(hash)])
+             .integer(Self.milliseconds(keepUntil)), .text(hash), sealed.map { .blob(ByteBuffer(bytes: $0)) } ?? .null])
         return !rows.isEmpty
     }
 
-    public func releasePassthroughRefresh(hash: String, owner: String) async throws {
+    public func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
         _ = try await connection.query(
-            "UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = ? AND lease_owner = ?",
+            forget ? "DELETE FROM passthrough_tokens WHERE hash = ? AND lease_owner = ? AND answered_at IS NULL"
+                : "UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = ? AND lease_owner = ?",
             [.text(hash), .text(owner)])
     }
 }

@@ -49,10 +49,14 @@ public struct OAuth2Upstream: UpstreamClient {
         guard let endpoint = settings.revocationEndpoint else { return }
         let request = settings.authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
         do {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.inNanoseconds))
-            _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
-            if response.status != .ok {
-                logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(response.status.code)])
+            let (httpClient, timeout) = (self.httpClient, settings.timeout)
+            let status = try await withDeadline(timeout) {
+                let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
+                _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
+                return response.status
+            }
+            if status != .ok {
+                logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
             }
         } catch {
             logger.warning("upstream revocation failed", metadata: ["upstream": .string(settings.name)])
@@ -64,9 +68,11 @@ public struct OAuth2Upstream: UpstreamClient {
         let status: HTTPResponseStatus
         let bytes: ByteBuffer
         do {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.inNanoseconds))
-            status = response.status
-            bytes = try await response.body.collect(upTo: Self.maximumResponseBytes)
+            let (httpClient, timeout) = (self.httpClient, settings.timeout)
+            (status, bytes) = try await withDeadline(timeout) {
+                let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
+                return (response.status, try await response.body.collect(upTo: Self.maximumResponseBytes))
+            }
         } catch {
             let mapped = UpstreamFailure.classify(error, upstream: settings.name)
             logger.warning("upstream \(purpose) failed", metadata: [
