@@ -9,16 +9,23 @@ one that answers 200 with a body that is not JSON.
 Readiness is read from each process's own output (its "ready" line), never slept for.
 Gatehouse's log is followed as it is written (`gatehouse["lines"]`, a gatelog.LogFollower):
 a test waits for a line, or asks which relay path served an answer (`served_by`).
+
+Every secret of the run is recorded (`seen`, a Secrets): what the tests see, and through the
+secrets record (GATEHOUSE_SECRETS_RECORD) what they do not: what each upstream received and
+issued, what the demo's app saw. test_zz searches every log and database of the run for them.
 """
 
+import base64
+import binascii
 import json
 import os
+import re
 import secrets
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -36,23 +43,224 @@ from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
 EVE_BPID = "1000999\r\nX-Injected: yes"
 
 
-@dataclass
+#: The environment variable naming the suite's secrets record: a JSON-lines file that every
+#: process the suite starts may append {"kind": …, "value": …} to. Tests/Upstream/serve.py writes
+#: there every code, verifier, token and client secret it receives or issues (what Gatehouse
+#: exchanged with it, which the tests never see), the demo's walkthrough what its app saw.
+SECRETS_RECORD = "GATEHOUSE_SECRETS_RECORD"
+
+UNKNOWN_KIND = "code or token"
+
+#: Every real secret of the run is 24 characters or more (codes, tokens, verifiers, states, client
+#: secrets, keys); shorter values in the secrets record are made-up inputs some tests show an
+#: upstream on purpose ("any-token"), words that could appear in a log for other reasons.
+RECORDED_MIN_LENGTH = 16
+_WINDOW = 8  # bytes of the index windows (Secrets.find); forms shorter than 2 windows are searched directly
+_PREFIXES = ("gha_", "ghr_")
+
+
+def _b64_cores(raw):
+    """What base64 and base64url encodings that contain `raw` (at any of the three byte
+    alignments) must contain: the encoding of `raw` shifted by 0, 1 or 2 bytes, without the
+    characters that depend on the neighbouring bytes."""
+    cores = []
+    for shift in range(3):
+        encoded = base64.b64encode(bytes(shift) + raw)
+        head = (shift * 8 + 5) // 6  # characters that carry bits of the bytes in front
+        end = (shift + len(raw)) * 8 // 6  # characters made of these bytes only (not of what follows)
+        core = encoded[head:end]
+        if len(core) >= 16:
+            cores.append((f"base64 (shift {shift})", core))
+            cores.append((f"base64url (shift {shift})", core.replace(b"+", b"-").replace(b"/", b"_")))
+    return cores
+
+
+def _decoded(value):
+    """The bytes a base64url secret stands for (a Gatehouse token without its prefix, a key
+    of the key ring), when it is one of at least 16 bytes."""
+    text = value
+    for prefix in _PREFIXES:
+        text = text.removeprefix(prefix)
+    if not re.fullmatch(r"[A-Za-z0-9_-]{22,}", text):
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    return raw if len(raw) >= 16 else None
+
+
+def secret_forms(value):
+    """(form, bytes) pairs a secret could be found as: as it is, and for secrets of 16
+    characters or more also its hex (both cases), its base64 / base64url at every alignment,
+    and the raw bytes a base64url secret stands for (and their hex)."""
+    raw = value.encode()
+    forms = [("as is", raw)]
+    if len(raw) >= 16:
+        forms += [("hex", raw.hex().encode()), ("HEX", raw.hex().upper().encode())]
+        forms += _b64_cores(raw)
+        decoded = _decoded(value)
+        if decoded is not None:
+            forms += [("decoded bytes", decoded), ("decoded bytes, hex", decoded.hex().encode()),
+                      ("decoded bytes, HEX", decoded.hex().upper().encode())]
+    return forms
+
+
 class Secrets:
-    """Every secret, code and token seen in the run; the log test checks none was logged."""
-    values: set = field(default_factory=set)
+    """Every secret, code and token the run saw or made, each with its kind ("upstream
+    refresh token", "session key"…), and the search for them in logs and databases.
 
-    def add(self, *values):
-        self.values.update(v for v in values if v)
+    `values` is the set of the secrets themselves; `add(*values, kind=…)` records more;
+    `harvest()` adds what the secrets record and the key rings hold; `find(data)` says which
+    kinds of secret, in which form, occur in some bytes. Failure messages name kinds and
+    forms, never a secret."""
 
+    def __init__(self, record=None):
+        self.kinds = {}
+        self.lock = threading.Lock()
+        self.record = record  # the secrets record (see SECRETS_RECORD)
+        self.key_rings = []
+        self._index = None  # (windows, short forms), rebuilt when secrets were added
 
-@pytest.fixture(scope="session")
-def seen():
-    return Secrets()
+    @property
+    def values(self):
+        with self.lock:
+            return set(self.kinds)
+
+    def add(self, *values, kind=UNKNOWN_KIND):
+        with self.lock:
+            for value in values:
+                if value and isinstance(value, str) and self.kinds.get(value, UNKNOWN_KIND) == UNKNOWN_KIND:
+                    self.kinds[value] = kind  # the first kind named sticks; a named kind replaces the generic one
+                    self._index = None
+
+    def add_key_ring(self, path):
+        """The keys of a session key ring file (`gatehouse keys generate`: lines "ID KEY")."""
+        path = Path(path)
+        if path not in self.key_rings:
+            self.key_rings.append(path)
+        self._read_key_ring(path)
+
+    def _read_key_ring(self, path):
+        for line in path.read_text().splitlines():
+            fields = line.split()
+            if len(fields) == 2 and not line.startswith("#"):
+                self.add(fields[1], kind="session key")
+
+    def harvest(self):
+        """Adds what the run recorded but no test saw: the secrets record (every code, verifier,
+        token and secret the upstreams received or issued) and the keys of every key ring (a
+        rotation may have added some). Returns the number of secrets known."""
+        if self.record is not None and self.record.exists():
+            for line in self.record.read_text().splitlines(keepends=True):
+                if not line.endswith("\n"):
+                    continue  # a line still being written
+                entry = json.loads(line)
+                if len(entry["value"]) >= RECORDED_MIN_LENGTH:
+                    self.add(entry["value"], kind=entry["kind"])
+        for path in self.key_rings:
+            if path.exists():
+                self._read_key_ring(path)
+        return len(self.kinds)
+
+    def redact(self, text):
+        """`text` with every known secret replaced by "[secret: kind]" (for output that may show one)."""
+        self.harvest()
+        with self.lock:
+            values = sorted(self.kinds.items(), key=lambda item: -len(item[0]))
+        for value, kind in values:
+            if value in text:
+                text = text.replace(value, f"[secret: {kind}]")
+        return text
+
+    def recorded(self, kind):
+        """The values the secrets record holds under `kind`, in order (e.g. every refresh token
+        POSTed to an upstream: "refresh token presented to the upstream")."""
+        if self.record is None or not self.record.exists():
+            return []
+        entries = (json.loads(line) for line in self.record.read_text().splitlines(keepends=True) if line.endswith("\n"))
+        return [entry["value"] for entry in entries if entry["kind"] == kind]
+
+    def _build_index(self):
+        with self.lock:
+            if self._index is not None:
+                return self._index
+            windows, short = {}, []
+            for value, kind in self.kinds.items():
+                for form, data in secret_forms(value):
+                    if len(data) < 2 * _WINDOW - 1:
+                        short.append((data, kind, form))
+                        continue
+                    for offset in range(_WINDOW):  # where the first window the scan looks at can start
+                        windows.setdefault(data[offset:offset + _WINDOW], []).append((offset, data, kind, form))
+            self._index = (windows, short)
+            return self._index
+
+    def find(self, data):
+        """The (kind, form) of every secret found in `data` (bytes), each once, sorted.
+        A form of 15 bytes or more has a whole window that starts at a multiple of _WINDOW,
+        at one of its first _WINDOW offsets (which the index holds), so the data is looked
+        at every _WINDOW bytes only."""
+        if isinstance(data, str):
+            data = data.encode()
+        windows, short = self._build_index()
+        found = set()
+        for position in range(0, len(data) - _WINDOW + 1, _WINDOW):
+            for offset, form_bytes, kind, form in windows.get(data[position:position + _WINDOW], ()):
+                start = position - offset
+                if start >= 0 and data[start:start + len(form_bytes)] == form_bytes:
+                    found.add((kind, form))
+        for form_bytes, kind, form in short:
+            if form_bytes in data:
+                found.add((kind, form))
+        return sorted(found)
+
+    def find_in_sqlite(self, path):
+        """Leaks in an SQLite database: every column of every row of every table, text and
+        BLOBs read as bytes (a `.dump` would show BLOBs as X'…'), then the raw bytes of the
+        file and its journals, where deleted rows linger. Returns ["where: kind (form)"]."""
+        path = Path(path)
+        leaks = []
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            assert tables, f"{path.name} holds no table"
+            for table in tables:
+                columns = [row[1] for row in connection.execute(f'PRAGMA table_info("{table}")')]
+                for column in columns:
+                    for (cell,) in connection.execute(f'SELECT "{column}" FROM "{table}"'):
+                        if isinstance(cell, str):
+                            cell = cell.encode()
+                        if isinstance(cell, bytes):
+                            leaks += [f"{path.name} {table}.{column}: {kind} ({form})" for kind, form in self.find(cell)]
+        finally:
+            connection.close()
+        for file in [path, *(path.parent / (path.name + suffix) for suffix in ("-wal", "-journal"))]:
+            if file.exists():
+                leaks += [f"{file.name} (file bytes, deleted rows included): {kind} ({form})"
+                          for kind, form in self.find(file.read_bytes())]
+        return sorted(set(leaks))
 
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def seen(workdir):
+    """The run's secrets (Secrets). Every process started from here on records what it
+    exchanged into workdir/secrets-record.jsonl (SECRETS_RECORD; never a *.log: the log
+    checks must not find their own record)."""
+    record = workdir / "secrets-record.jsonl"
+    record.touch(mode=0o600)
+    previous = os.environ.get(SECRETS_RECORD)
+    os.environ[SECRETS_RECORD] = str(record)
+    yield Secrets(record)
+    if previous is None:
+        os.environ.pop(SECRETS_RECORD, None)
+    else:
+        os.environ[SECRETS_RECORD] = previous
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +275,8 @@ def upstream(workdir, gatehouse_port, seen):
     callback = f"http://127.0.0.1:{gatehouse_port}/oauth/callback"
     env = dict(os.environ, UPSTREAM_SECRET_LEGACY=secrets.token_urlsafe(24), UPSTREAM_SECRET_MODERN=secrets.token_urlsafe(24),
                UPSTREAM_SECRET_OIDC=secrets.token_urlsafe(24))
-    seen.add(env["UPSTREAM_SECRET_LEGACY"], env["UPSTREAM_SECRET_MODERN"], env["UPSTREAM_SECRET_OIDC"])
+    seen.add(env["UPSTREAM_SECRET_LEGACY"], env["UPSTREAM_SECRET_MODERN"], env["UPSTREAM_SECRET_OIDC"],
+             kind="upstream client secret")
     config = {
         "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test"},
                   {"username": "bob", "password": PASSWORDS["bob"], "email": "bob@example.test"},
@@ -203,11 +412,12 @@ server:
 store:
   sqlite_path: {workdir}/gatehouse.sqlite
 upstreams:{oauth2("legacy", up + "/o/token/", identity=PERSONAL_XML.format(relay_doubles["personal"].url))}{oauth2("modern", up + "/o/token/", "gatehouse-modern", "UPSTREAM_SECRET_MODERN", "client_secret_post", True)}{oauth2("down", f"http://127.0.0.1:{closed_port}/token")}{oauth2("slow", f"http://127.0.0.1:{silent.port}/token", timeout="1s")}{oauth2("garbage", f"http://127.0.0.1:{garbage.port}/token")}{oauth2("legacy-json", up + "/o/token/", identity=PERSONAL_JSON.format(relay_doubles["personal"].url))}{oauth2("legacy-introspection", up + "/o/token/", identity=INTROSPECTION.format(up))}{oauth2("oidc", up + "/o/token/", "gatehouse-oidc", "UPSTREAM_SECRET_OIDC", identity=USERINFO.format(up))}{oauth2("jwt", relay_doubles["jwt"].url + "/token", identity=JWT.format(relay_doubles["jwt"].url))}{oauth2("identity-down", up + "/o/token/", identity=PERSONAL_JSON.format(f"http://127.0.0.1:{closed_port}"))}
-clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}{client("com.example.sealed", "legacy", exposure="sealed")}
+clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}{client("com.example.sealed", "legacy", exposure="sealed")}{client("com.example.app2", "legacy")}{client("com.example.sealed2", "legacy", exposure="sealed")}
 {routes(relay_doubles["backend"].url, closed_port)}
 """
     keys = workdir / "session-keys"
     subprocess.run([str(binary), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+    seen.add_key_ring(keys)
     config += f"""
 sessions:
   encryption_keys_file: {keys}
@@ -345,4 +555,6 @@ def routes(backend, closed_port):
     max_body_bytes: 1024"""),
         route("/api/sealed", backend + "/sealed", "legacy", extra="""
     authorization: passthrough"""),
+        # Every method the OpenAPI description documents for /api/{rest}, for schemathesis.
+        route("/api/schema", backend + "/schema", "legacy", methods="[GET, HEAD, POST, PUT, PATCH, DELETE]"),
     ])

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from gatelog import served_by
-from nativeapp import App
+from nativeapp import App, query
 
 
 def sealed_sign_in(gatehouse, seen):
@@ -87,15 +87,38 @@ def test_admin_commands_list_and_revoke_a_subjects_sessions(gatehouse, seen, ups
     assert app.refresh(pair["refresh_token"]).json()["error"] == "invalid_grant"
 
 
+#: What the store must never hold readable, and which this test makes sure the run has seen.
+KINDS_THE_STORE_MUST_NOT_HOLD = {
+    "Gatehouse code", "Gatehouse access token", "Gatehouse refresh token", "app PKCE verifier",
+    "upstream access token", "upstream refresh token", "upstream authorization code",
+    "PKCE verifier toward the upstream", "Gatehouse state toward the upstream",
+    "upstream client secret", "session key",
+}
+
+
 def test_the_database_holds_no_token_or_secret_in_plain_text(gatehouse, seen):
-    sealed_sign_in(gatehouse, seen)
-    connection = sqlite3.connect(gatehouse["database"])
-    dump = "\n".join(connection.iterdump())
+    """Every cell of every table, BLOBs as bytes, and the file's own bytes (deleted rows
+    linger there), searched for every secret of the run: as it is, in hex, in base64 /
+    base64url, and for base64url secrets (keys, Gatehouse tokens) the bytes they stand for."""
+    _, pair = sealed_sign_in(gatehouse, seen)
+    assert relay(gatehouse, "/api/sealed/x", pair["access_token"]).status_code == 200  # the session's upstream tokens are in use
+    modern = App(gatehouse, seen, client_id="com.example.modern")  # Gatehouse's own PKCE toward the upstream
+    assert modern.redeem(modern.sign_in()["code"]).status_code == 200
+    in_flight = App(gatehouse, seen)  # a transaction still in the store
+    started = requests.get(in_flight.authorize_url(), allow_redirects=False, timeout=10)
+    assert started.status_code == 302
+    seen.add(query(started.headers["Location"])["state"], kind="Gatehouse state toward the upstream")
+
+    seen.harvest()
+    missing = KINDS_THE_STORE_MUST_NOT_HOLD - set(seen.kinds.values())
+    assert not missing, f"the run should have recorded secrets of every kind; none of {sorted(missing)}"
+    connection = sqlite3.connect(f"file:{gatehouse['database']}?mode=ro", uri=True)
+    tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    blobs = connection.execute("SELECT count(*) FROM sessions WHERE typeof(sealed_tokens) = 'blob'").fetchone()[0]
     connection.close()
-    assert "sessions" in dump and "refresh_tokens" in dump
-    assert len(seen.values) > 10
-    leaked = [value[:6] + "…" for value in seen.values if value in dump]
-    assert leaked == []
+    assert {"sessions", "refresh_tokens", "access_tokens", "issued_codes", "authorization_transactions"} <= tables
+    assert blobs > 0  # the search reads BLOBs, and there are some
+    assert seen.find_in_sqlite(gatehouse["database"]) == []
 
 
 def test_a_gatehouse_refresh_token_is_never_a_bearer_token(gatehouse, seen, relay_doubles):

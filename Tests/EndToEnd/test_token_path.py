@@ -1,6 +1,7 @@
 """The myVOO token path, end to end: a native app signs in through Gatehouse to a real
 OAuth server that demands a client secret and burns each refresh token after one use."""
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
@@ -15,7 +16,14 @@ def test_discovery_names_gatehouse_as_issuer(gatehouse):
     assert document["code_challenge_methods_supported"] == ["S256"]
 
 
-def test_callback_mode_signs_in_refreshes_twice_and_old_refresh_token_fails(gatehouse, seen):
+def spent_at_the_upstream(upstream, refresh_token):
+    """The upstream's own answer to `refresh_token` (Gatehouse's registration, as Gatehouse would ask)."""
+    answer = requests.post(upstream["url"] + "/o/token/", data={"grant_type": "refresh_token", "refresh_token": refresh_token},
+                           auth=("gatehouse-legacy", upstream["env"]["UPSTREAM_SECRET_LEGACY"]), timeout=10)
+    return answer.status_code, answer.json().get("error")
+
+
+def test_callback_mode_signs_in_refreshes_twice_and_a_spent_refresh_token_only_replays_its_answer(gatehouse, seen, upstream):
     app = App(gatehouse, seen)
     received = app.sign_in()
     assert received["state"] == app.state
@@ -33,12 +41,16 @@ def test_callback_mode_signs_in_refreshes_twice_and_old_refresh_token_fails(gate
     assert third.status_code == 200, third.text
     assert third.json()["access_token"] != first["access_token"]
 
+    # The upstream burnt the first refresh token; Gatehouse answers a replay within its grace
+    # window (30 s) with the pair that token was answered with, and asks the upstream nothing.
+    assert spent_at_the_upstream(upstream, first["refresh_token"]) == (400, "invalid_grant")
     replay = app.refresh(first["refresh_token"])
-    assert replay.status_code == 400
-    assert replay.json()["error"] == "invalid_grant"
+    assert replay.status_code == 200, replay.text
+    assert (replay.json()["access_token"], replay.json()["refresh_token"]) == \
+        (second.json()["access_token"], second.json()["refresh_token"])
 
 
-def test_relay_mode_app_posts_upstream_code_with_state_and_verifier(gatehouse, seen):
+def test_relay_mode_app_posts_upstream_code_with_state_and_verifier(gatehouse, seen, upstream):
     app = App(gatehouse, seen, client_id="com.example.relay")
     received = app.sign_in()
     # The upstream sent the browser straight to the app, with Gatehouse's state.
@@ -47,7 +59,9 @@ def test_relay_mode_app_posts_upstream_code_with_state_and_verifier(gatehouse, s
     assert tokens.status_code == 200, tokens.text
     refreshed = app.refresh(tokens.json()["refresh_token"])
     assert refreshed.status_code == 200, refreshed.text
-    assert app.refresh(tokens.json()["refresh_token"]).json()["error"] == "invalid_grant"
+    assert spent_at_the_upstream(upstream, tokens.json()["refresh_token"]) == (400, "invalid_grant")
+    replay = app.refresh(tokens.json()["refresh_token"])  # within the grace window: the same pair
+    assert replay.status_code == 200 and replay.json()["refresh_token"] == refreshed.json()["refresh_token"]
 
 
 def test_relay_mode_wrong_verifier_never_reaches_the_upstream_and_burns_the_state(gatehouse, seen):
@@ -102,9 +116,23 @@ def test_gatehouse_code_used_twice_fails_the_second_time(gatehouse, seen):
 def test_gatehouse_code_used_concurrently_has_exactly_one_winner(gatehouse, seen):
     app = App(gatehouse, seen)
     code = app.sign_in()["code"]
+    barrier = threading.Barrier(8)
+
+    def redeem(_):
+        barrier.wait(timeout=30)  # all eight leave together
+        return app.redeem(code)
+
     with ThreadPoolExecutor(max_workers=8) as pool:
-        statuses = sorted(pool.map(lambda _: app.redeem(code).status_code, range(8)))
-    assert statuses == [200] + [400] * 7
+        answers = list(pool.map(redeem, range(8)))
+    winners = [answer for answer in answers if answer.status_code == 200]
+    losers = [answer for answer in answers if answer.status_code != 200]
+    assert len(winners) == 1, [answer.status_code for answer in answers]
+    tokens = winners[0].json()
+    assert tokens["access_token"] and tokens["refresh_token"] and tokens["token_type"].lower() == "bearer"
+    assert winners[0].headers["Cache-Control"] == "no-store"
+    assert [(answer.status_code, answer.json()["error"]) for answer in losers] == [(400, "invalid_grant")] * 7
+    # The winner's tokens are real: its refresh token works at the upstream through Gatehouse.
+    assert app.refresh(tokens["refresh_token"]).status_code == 200
 
 
 def test_state_reused_at_the_callback_is_refused(gatehouse, seen):

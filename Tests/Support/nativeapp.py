@@ -3,6 +3,8 @@ the demo walkthrough both drive. Also the small process helpers they share."""
 
 import base64
 import hashlib
+import json
+import os
 import re
 import secrets
 import socket
@@ -52,6 +54,31 @@ def pump(stream, sink, on_line=None):
 
 
 
+class SecretsFile:
+    """Records secrets into a JSON-lines file ({"kind", "value"} a line), for a process other
+    than the test suite's (the demo's walkthrough): `App(…, seen=SecretsFile(path))`. The
+    end-to-end suite reads the file back (its `seen.harvest()`). Each line is one O_APPEND write."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def add(self, *values, kind="code or token"):
+        lines = "".join(json.dumps({"kind": kind, "value": value}) + "\n" for value in values if value and isinstance(value, str))
+        if lines:
+            os.write(self.fd, lines.encode())
+
+
+def token_kind(name, value):
+    """The kind of a token an app received, for the secrets record."""
+    if name == "id_token":
+        return "upstream ID token"
+    if value.startswith("gha_"):
+        return "Gatehouse access token"
+    if value.startswith("ghr_"):
+        return "Gatehouse refresh token"
+    return "upstream access token (passthrough)" if name == "access_token" else "upstream refresh token (passthrough)"
+
+
 def pkce_pair():
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
@@ -66,10 +93,23 @@ class InAppBrowser:
     """The in-app browser of RFC 8252: follows redirects and fills in the upstream's login form,
     stopping at the first redirect that leaves the web (the app's own URI)."""
 
-    def __init__(self, username=USERNAME, password=PASSWORD, on_step=None):
+    def __init__(self, username=USERNAME, password=PASSWORD, on_step=None, seen=None):
         self.session = requests.Session()
         self.credentials = {"username": username, "password": password}
         self.on_step = on_step or (lambda message: None)
+        self.seen = seen  # where the secrets the browser carries are recorded (Gatehouse's state, the upstream's code)
+
+    def remember(self, location):
+        """Gatehouse's own state on its way to the upstream, the upstream's code on its way back."""
+        if self.seen is None:
+            return
+        parameters = query(location)
+        path = urlsplit(location).path
+        if path.endswith("/authorize/") or path.endswith("/authorize"):
+            self.seen.add(parameters.get("state"), kind="Gatehouse state toward the upstream")
+        elif path.endswith("/oauth/callback"):
+            self.seen.add(parameters.get("code"), kind="upstream authorization code")
+            self.seen.add(parameters.get("state"), kind="Gatehouse state toward the upstream")
 
     def follow(self, url, stop_prefix):
         for _ in range(10):
@@ -77,6 +117,7 @@ class InAppBrowser:
             self.on_step(f"GET {url.split('?')[0]} -> {response.status_code}")
             if response.status_code in (301, 302, 303):
                 location = requests.compat.urljoin(url, response.headers["Location"])
+                self.remember(location)
                 if location.startswith(stop_prefix):
                     return location
                 url = location
@@ -98,7 +139,9 @@ class InAppBrowser:
             form["next"] = next_match.group(1).replace("&amp;", "&")
         response = self.session.post(url, data=form, headers={"Referer": url}, allow_redirects=False, timeout=10)
         assert response.status_code == 302, f"login failed: {response.status_code}"
-        return requests.compat.urljoin(url, response.headers["Location"])
+        location = requests.compat.urljoin(url, response.headers["Location"])
+        self.remember(location)
+        return location
 
 
 class App:
@@ -112,9 +155,9 @@ class App:
         self.verifier, self.challenge = pkce_pair()
         self.state = secrets.token_urlsafe(16)
 
-    def _remember(self, *values):
+    def _remember(self, *values, kind="code or token"):
         if self.seen is not None:
-            self.seen.add(*values)
+            self.seen.add(*values, kind=kind)
 
     def authorize_url(self, **overrides):
         parameters = {"response_type": "code", "client_id": self.client_id, "redirect_uri": self.redirect_uri,
@@ -125,10 +168,16 @@ class App:
 
     def sign_in(self, browser=None):
         """Runs the browser part; returns the parameters the app receives on its redirect URI."""
-        location = (browser or InAppBrowser()).follow(self.authorize_url(), self.redirect_uri)
+        browser = browser or InAppBrowser()
+        if browser.seen is None:
+            browser.seen = self.seen
+        location = browser.follow(self.authorize_url(), self.redirect_uri)
         assert isinstance(location, str), f"sign-in stopped at HTTP {location.status_code}: {location.text[:300]}"
         received = query(location)
-        self._remember(received.get("code"), received.get("state") if received.get("state") != self.state else None)
+        relay_mode = received.get("state") != self.state  # relay mode: the upstream's code and Gatehouse's state
+        self._remember(received.get("code"), kind="upstream authorization code" if relay_mode else "Gatehouse code")
+        if relay_mode:
+            self._remember(received.get("state"), kind="Gatehouse state toward the upstream")
         return received
 
     def token(self, **form):
@@ -136,10 +185,14 @@ class App:
         response = requests.post(f"{self.base}/oauth/token", data=form, timeout=30)
         if response.headers.get("Content-Type", "").startswith("application/json"):
             body = response.json()
-            self._remember(body.get("access_token"), body.get("refresh_token"))
+            if isinstance(body, dict):
+                for name in ("access_token", "refresh_token", "id_token"):
+                    if isinstance(body.get(name), str):
+                        self._remember(body[name], kind=token_kind(name, body[name]))
         return response
 
     def redeem(self, code, verifier="own", **extra):
+        self._remember(self.verifier, kind="app PKCE verifier")
         verifier = self.verifier if verifier == "own" else verifier
         form = {"grant_type": "authorization_code", "code": code, "redirect_uri": self.redirect_uri}
         if verifier is not None:

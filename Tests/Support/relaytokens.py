@@ -40,10 +40,12 @@ WARM_FOR_SECONDS = 180
 def issue_token(gatehouse, seen, client_id="com.example.app", username=USERNAME, scope="read write"):
     """A fresh access token for `username`, through Gatehouse from the real upstream."""
     app = App(gatehouse, seen, client_id=client_id)
-    browser = InAppBrowser(username=username, password=PASSWORDS[username])
+    browser = InAppBrowser(username=username, password=PASSWORDS[username], seen=seen)
     location = browser.follow(app.authorize_url(scope=scope), app.redirect_uri)
     assert isinstance(location, str), f"sign-in stopped at HTTP {location.status_code}"
     code = dict(pair.split("=", 1) for pair in urlsplit(location).query.split("&"))["code"]
+    if seen is not None:
+        seen.add(code, kind="Gatehouse code")
     tokens = app.redeem(code)
     assert tokens.status_code == 200, tokens.text
     return tokens.json()["access_token"]

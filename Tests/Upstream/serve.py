@@ -60,15 +60,29 @@ scope "introspection" works; only applications with "introspection": true may
 obtain that scope (typically "grant_type": "client-credentials").
 
 Not for production: secrets are hashed with Django's fast MD5 test hasher.
+
+Secrets record: when the environment variable GATEHOUSE_SECRETS_RECORD names a file, the
+server appends to it one JSON line {"kind": …, "value": …} for every secret it is given or
+gives out: each application's client secret; the state (and nonce) of every authorization
+request and the code of every authorization response; every code, code_verifier,
+refresh_token, token and client_secret POSTed to /o/token/, /o/revoke_token/ and
+/o/introspect/ (and the secret of HTTP Basic client authentication); every access, refresh
+and ID token /o/token/ answers. Gatehouse's end-to-end suite searches its logs and databases
+for all of them, including those no test sees (what Gatehouse exchanged with this server).
+Several processes may share one record: each line is one O_APPEND write.
 """
 
 import argparse
+import base64
+import binascii
+import io
 import json
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import django
 from cryptography.hazmat.primitives import serialization
@@ -171,7 +185,89 @@ def configure_django(config, db_path, host, quiet):
     django.setup()
 
 
-def seed(config):
+class SecretsRecord:
+    """Appends {"kind", "value"} JSON lines to the file named by GATEHOUSE_SECRETS_RECORD."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if path else None
+
+    def add(self, kind, *values):
+        if self.fd is None:
+            return
+        lines = "".join(json.dumps({"kind": kind, "value": value}) + "\n" for value in values if value and isinstance(value, str))
+        if lines:
+            os.write(self.fd, lines.encode())  # one write: lines of concurrent writers never interleave
+
+
+#: Form fields of the token, revocation and introspection endpoints, by the kind of secret they carry.
+FORM_FIELDS = {"code": "upstream authorization code", "code_verifier": "PKCE verifier toward the upstream",
+               "refresh_token": "refresh token presented to the upstream",
+               "token": "token presented to the upstream (revoked or introspected)",
+               "client_secret": "upstream client secret"}
+RECORDED_POSTS = ("/o/token/", "/o/revoke_token/", "/o/introspect/")
+
+
+class RecordingApp:
+    """WSGI middleware that gives every secret passing through to a SecretsRecord."""
+
+    def __init__(self, app, record):
+        self.app = app
+        self.record = record
+
+    def __call__(self, environ, start_response):
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+        if method == "POST" and path in RECORDED_POSTS:
+            body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            environ["wsgi.input"] = io.BytesIO(body)
+            form = parse_qs(body.decode("utf-8", "replace"))
+            for name, kind in FORM_FIELDS.items():
+                self.record.add(kind, *form.get(name, []))
+            self.record_authorization(environ.get("HTTP_AUTHORIZATION", ""))
+        if method == "GET" and path == "/o/authorize/":
+            parameters = parse_qs(environ.get("QUERY_STRING", ""))
+            self.record.add("Gatehouse state toward the upstream", *parameters.get("state", []))
+            self.record.add("OpenID nonce", *parameters.get("nonce", []))
+        answer = {}
+
+        def capture(status, headers, exc_info=None):
+            answer["headers"] = headers
+            return start_response(status, headers, exc_info)
+
+        result = self.app(environ, capture)
+        for name, value in answer.get("headers", []):
+            if name.lower() == "location":
+                self.record.add("upstream authorization code", *parse_qs(urlsplit(value).query).get("code", []))
+        if method == "POST" and path == "/o/token/":
+            try:
+                content = b"".join(result)
+            finally:
+                if hasattr(result, "close"):
+                    result.close()
+            try:
+                tokens = json.loads(content)
+            except ValueError:
+                tokens = None
+            if isinstance(tokens, dict):
+                self.record.add("upstream access token", tokens.get("access_token"))
+                self.record.add("upstream refresh token", tokens.get("refresh_token"))
+                self.record.add("upstream ID token", tokens.get("id_token"))
+            return [content]
+        return result
+
+    def record_authorization(self, header):
+        scheme, _, credentials = header.partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8", "replace")
+            except (binascii.Error, ValueError):
+                return
+            _, _, secret = decoded.partition(":")
+            self.record.add("upstream client secret", unquote_plus(secret), secret)  # RFC 6749 §2.3.1 form-encodes it
+        elif scheme.lower() == "bearer":
+            self.record.add("upstream access token", credentials.strip())
+
+
+def seed(config, record):
     from django.contrib.auth.models import User
     from oauth2_provider.models import Application
 
@@ -199,6 +295,7 @@ def seed(config):
             if app.algorithm == "HS256" and len(secret.encode()) < 32:
                 sys.exit(f"serve.py: {a['client_id']}: HS256 needs a client secret of 32+ bytes")
             app.client_secret = secret
+            record.add("upstream client secret", secret)
         app.full_clean()
         app.save()
 
@@ -219,10 +316,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gatehouse-upstream-") as tmp:
         configure_django(config, os.path.join(tmp, "db.sqlite3"), args.host, args.quiet)
         call_command("migrate", verbosity=0, interactive=False)
-        seed(config)
+        record = SecretsRecord(os.environ.get("GATEHOUSE_SECRETS_RECORD"))
+        seed(config, record)
 
         httpd = Server((args.host, args.port), WSGIRequestHandler, ipv6=":" in args.host)
-        httpd.set_app(get_wsgi_application())
+        application = get_wsgi_application()
+        httpd.set_app(RecordingApp(application, record) if record.fd is not None else application)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(json.dumps({"ready": True, "url": f"http://{host}:{httpd.server_address[1]}"}), flush=True)
         sys.stdout = sys.stderr  # the ready line is the only stdout output

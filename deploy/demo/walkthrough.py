@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -20,7 +21,20 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
-from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pkce_pair, pump, query, wait_for_line  # noqa: E402
+from backends import EchoBackend, PersonalInformationService  # noqa: E402
+from gatelog import fields  # noqa: E402
+from nativeapp import (APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, SecretsFile, free_port, pkce_pair,  # noqa: E402
+                       pump, query, wait_for_line)
+
+#: A second user of the upstream, whose business partner (BPId) is not active: signed in, but
+#: not allowed to read data (myVOO step 6b, 403).
+INACTIVE_USER, INACTIVE_PASSWORD = "bob", "builder-42"
+BPIDS = {USERNAME: ("1000123", "active"), INACTIVE_USER: ("1000456", "inactive")}
+
+#: When the end-to-end suite runs the demo it names a file in GATEHOUSE_SECRETS_RECORD: the
+#: codes, verifiers and tokens the demo's app sees are recorded there, so the suite can check
+#: that none of them reached a log or a database (the upstream records its side itself).
+RECORD = SecretsFile(os.environ["GATEHOUSE_SECRETS_RECORD"]) if os.environ.get("GATEHOUSE_SECRETS_RECORD") else None
 
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
 
@@ -40,7 +54,8 @@ def short(token):
 def start_upstream(data, gatehouse_port, env):
     callback = f"http://127.0.0.1:{gatehouse_port}/oauth/callback"
     config = {
-        "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test", "first_name": "Alice"}],
+        "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test", "first_name": "Alice"},
+                  {"username": INACTIVE_USER, "password": INACTIVE_PASSWORD, "email": "bob@example.test", "first_name": "Bob"}],
         "applications": [{"client_id": "gatehouse-demo", "client_secret_env": "DEMO_UPSTREAM_SECRET",
                           "redirect_uris": [callback], "pkce_required": False}],
         "rotate_refresh_token": True, "refresh_token_grace_period_seconds": 0,
@@ -52,7 +67,17 @@ def start_upstream(data, gatehouse_port, env):
     return process, json.loads(wait_for_line(process.stdout, '"ready"', 60, "the upstream"))["url"]
 
 
-def start_gatehouse(data, port, upstream_url, env):
+def start_relay_doubles(upstream_url, env):
+    """The data API behind Gatehouse (the "ESB", an echo) and the myVOO identity service
+    (GetPersonalInformation), which checks tokens at the upstream (RFC 7662) and knows each
+    user's business partner (BPId) and whether it is active."""
+    backend = EchoBackend()
+    personal = PersonalInformationService(introspection_url=upstream_url + "/o/introspect/", client_id="gatehouse-demo",
+                                          client_secret=env["DEMO_UPSTREAM_SECRET"], users=BPIDS)
+    return backend, personal
+
+
+def start_gatehouse(data, port, upstream_url, env, backend, personal):
     config = f"""# Written by scripts/demo. See README.md, "Configuration reference".
 server:
   public_base_url: http://127.0.0.1:{port}
@@ -70,6 +95,25 @@ upstreams:
     client_secret_env: DEMO_UPSTREAM_SECRET
     client_auth: client_secret_basic
     scopes: [read, write]
+    identity:
+      kind: personal_information
+      url: {personal.url}/UCP_SCIF_XML/UserManagement/GetPersonalInformation
+      format: xml
+      subject: /GetPersonalInformationResponse/PersonalInformation/Login
+      bpid: /GetPersonalInformationResponse/PersonalInformation/BPId
+      attributes:
+        bpid_status: /GetPersonalInformationResponse/PersonalInformation/BPIdStatus
+      cache_ttl: 5m
+routes:
+  - prefix: /api/contracts
+    backend: {backend.url}/contracts
+    upstream: legacy
+    identity_headers:
+      X-BPId: bpid
+    require:
+      attributes:
+        bpid_status: active
+    sign_in_client: com.example.app
 sessions:
   encryption_keys_file: session-keys
   refresh_grace: 30s
@@ -98,17 +142,48 @@ clients:
     return process
 
 
+def get_data(gatehouse, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.get(f"{gatehouse['url']}/api/contracts/42", headers=headers, timeout=30)
+
+
+def request_line(gatehouse, response, timeout=10.0):
+    """The metadata of Gatehouse's log line for `response` (found by its X-Request-Id), waiting
+    for it to be written (polled, with a deadline)."""
+    request_id = response.headers["X-Request-Id"]
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in gatehouse["log"].read_text(errors="replace").splitlines():
+            meta = fields(line)
+            if meta.get("request_id") == request_id and "status" in meta:
+                return meta
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Gatehouse logged no request line for request_id={request_id} within {timeout}s")
+        time.sleep(0.05)
+
+
 def walkthrough(gatehouse):
     base = gatehouse["url"]
-    app = App(gatehouse)
+    app = App(gatehouse, seen=RECORD)
 
-    step("1a-1b", "The app has no token. It reads Gatehouse's metadata (RFC 8414) to find where to sign in.")
+    step("1a-1b", "The app has no token. It asks for data anyway: 401, and the answer says where to sign in.")
+    anonymous = get_data(gatehouse)
+    problem = anonymous.json()
+    sign_in = problem.get("sign_in", {})
+    detail(f"GET /api/contracts/42 -> HTTP {anonymous.status_code} {problem.get('code')}; "
+           f"WWW-Authenticate: {anonymous.headers.get('WWW-Authenticate', '(none)').split(',')[0]}…")
+    detail(f"sign_in: authorization_endpoint {sign_in.get('authorization_endpoint')}, client_id {sign_in.get('client_id')}")
+    detail(f"sign_in.url: {sign_in.get('url', '')[:90]}…")
+    told_where = (anonymous.status_code == 401 and sign_in.get("authorization_endpoint") == f"{base}/oauth/authorize"
+                  and sign_in.get("client_id") == "com.example.app")
+
+    step("1a-1b", "It reads Gatehouse's metadata (RFC 8414) to configure its sign-in.")
     metadata = requests.get(f"{base}/.well-known/oauth-authorization-server", timeout=5).json()
     detail(f"issuer {metadata['issuer']}, PKCE methods {metadata['code_challenge_methods_supported']}")
 
     step("2-3a", "The app opens the in-app browser at Gatehouse's /oauth/authorize with PKCE S256.")
     detail(f"code_verifier stays in the app; code_challenge={app.challenge[:12]}…, state={app.state[:8]}…")
-    browser = InAppBrowser(on_step=detail)
+    browser = InAppBrowser(on_step=detail, seen=RECORD)
     first = browser.session.get(app.authorize_url(), allow_redirects=False, timeout=5)
     upstream_url = first.headers["Location"]
     detail(f"Gatehouse recorded the transaction and redirects to the upstream with its own state={query(upstream_url)['state'][:8]}…")
@@ -131,24 +206,56 @@ def walkthrough(gatehouse):
     refreshed.raise_for_status()
     detail(f"new access_token={short(refreshed.json()['access_token'])} new refresh_token={short(refreshed.json()['refresh_token'])}")
 
-    step("1d", "The upstream burns refresh tokens after one use: the first one is now refused.")
+    step("5a", "The upstream burns a refresh token at its first use. A retry over a flaky network gets the same new pair.")
     replay = app.refresh(body["refresh_token"])
-    detail(f"HTTP {replay.status_code} {replay.json()}")
+    same_pair = replay.status_code == 200 and replay.json()["refresh_token"] == refreshed.json()["refresh_token"]
+    detail(f"retried with the first refresh token: HTTP {replay.status_code}, "
+           f"{'the same pair' if same_pair else 'NOT THE SAME PAIR: ' + replay.text[:200]} (within the 30 s grace window)")
+
+    data_ok = data_walkthrough(gatehouse, refreshed.json()["access_token"])
 
     step("PKCE", "A code stolen on its way to the app is useless without the verifier.")
-    stolen = App(gatehouse)
-    code = stolen.sign_in()["code"]
+    stolen = App(gatehouse, seen=RECORD)
+    code = stolen.sign_in(InAppBrowser(seen=RECORD))["code"]
     attempt = stolen.redeem(code, verifier=pkce_pair()[0])
     detail(f"redeeming with the wrong code_verifier: HTTP {attempt.status_code} {attempt.json()['error']}")
-    return replay.status_code == 400 and attempt.status_code == 400 and sealed_walkthrough(gatehouse)
+    return told_where and same_pair and data_ok and attempt.status_code == 400 and sealed_walkthrough(gatehouse)
+
+
+def data_walkthrough(gatehouse, access_token):
+    """myVOO steps 6a-6b: the app reads its data through Gatehouse's resource relay."""
+    personal = gatehouse["personal"]
+    step("6a-6b", "With its access token the app gets its data; Gatehouse asks the identity service who it is.")
+    first = get_data(gatehouse, access_token)
+    seen_by_backend = first.json().get("headers", {}) if first.status_code == 200 else {}
+    detail(f"GET /api/contracts/42 -> HTTP {first.status_code}; the backend received X-BPId: {seen_by_backend.get('x-bpid')} "
+           f"(and no Authorization header: {'authorization' not in seen_by_backend})")
+    first_ok = first.status_code == 200 and seen_by_backend.get("x-bpid") == BPIDS[USERNAME][0]
+
+    step("6a-6b", "A second call: the BPId comes from Gatehouse's identity cache, not from the identity service.")
+    second = get_data(gatehouse, access_token)
+    calls = personal.calls_for(access_token)
+    path = request_line(gatehouse, second).get("relay")
+    detail(f"HTTP {second.status_code}; identity service calls for this token: {calls}; "
+           f"Gatehouse's log: relay={path} (the fast path serves only callers already in the cache)")
+    cached = second.status_code == 200 and calls == 1 and path == "fast"
+
+    step("6a-6b", f"{INACTIVE_USER.capitalize()} signs in too, but the business partner's BPId is not active: 403.")
+    app = App(gatehouse, seen=RECORD)
+    tokens = app.redeem(app.sign_in(InAppBrowser(INACTIVE_USER, INACTIVE_PASSWORD, seen=RECORD))["code"])
+    refused = get_data(gatehouse, tokens.json().get("access_token"))
+    problem = refused.json()
+    detail(f"HTTP {refused.status_code} {problem.get('code')}: {problem.get('detail')}")
+    forbidden = tokens.status_code == 200 and refused.status_code == 403 and problem.get("code") == "forbidden"
+    return first_ok and cached and forbidden
 
 
 def sealed_walkthrough(gatehouse):
     """The default, token_exposure: sealed: the phone never holds an upstream token."""
     print(f"\n{BOLD}Sealed sessions (the default): the upstream's tokens never reach the phone{RESET}")
-    app = App(gatehouse, client_id="com.example.sealed")
+    app = App(gatehouse, seen=RECORD, client_id="com.example.sealed")
     step("5a", "The same sign-in for a sealed app: the code is redeemed for Gatehouse's own tokens.")
-    body = app.redeem(app.sign_in()["code"]).json()
+    body = app.redeem(app.sign_in(InAppBrowser(seen=RECORD))["code"]).json()
     detail(f"access_token={short(body['access_token'])} (expires_in {body['expires_in']} s) refresh_token={short(body['refresh_token'])}")
     detail("the upstream's tokens are sealed (AES-256-GCM) in the session store; the store keeps only hashes of these")
 
@@ -214,12 +321,13 @@ def main():
     env = dict(os.environ, DEMO_UPSTREAM_SECRET=secrets.token_urlsafe(32))
     port = free_port()
     upstream, upstream_url = start_upstream(data, port, env)
+    backend, personal = start_relay_doubles(upstream_url, env)
     gatehouse = None
     try:
-        gatehouse = start_gatehouse(data, port, upstream_url, env)
+        gatehouse = start_gatehouse(data, port, upstream_url, env, backend, personal)
         print(f"{BOLD}Gatehouse{RESET} http://127.0.0.1:{port} in front of {BOLD}django-oauth-toolkit{RESET} {upstream_url}")
         print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, upstream.log{RESET}")
-        ok = walkthrough({"url": f"http://127.0.0.1:{port}"})
+        ok = walkthrough({"url": f"http://127.0.0.1:{port}", "log": data / "gatehouse.log", "personal": personal})
         print(f"\n{BOLD}Walkthrough {'complete' if ok else 'FAILED'}.{RESET}")
         if not ok:
             return 1
@@ -236,6 +344,8 @@ def main():
             if process:
                 process.terminate()
                 process.wait(10)
+        for server in (backend, personal):
+            server.stop()
 
 
 if __name__ == "__main__":
