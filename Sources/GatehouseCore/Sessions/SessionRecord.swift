@@ -16,9 +16,14 @@ public struct SessionRecord: Sendable, Equatable {
     public var createdAt: Date
     public var expiresAt: Date
     public var revokedAt: Date?
+    /// The instance holding the right to refresh the upstream tokens, as read (never written
+    /// through the record). A lease that ran out keeps its owner; one given up has none.
+    public var leaseOwner: String?
+    public var leaseUntil: Date?
 
     public init(id: String, clientID: String, upstream: String, subject: String?, keyID: String, sealedTokens: Data,
-                upstreamExpiresAt: Date?, version: Int = 1, createdAt: Date, expiresAt: Date, revokedAt: Date? = nil) {
+                upstreamExpiresAt: Date?, version: Int = 1, createdAt: Date, expiresAt: Date, revokedAt: Date? = nil,
+                leaseOwner: String? = nil, leaseUntil: Date? = nil) {
         self.id = id
         self.clientID = clientID
         self.upstream = upstream
@@ -30,6 +35,8 @@ public struct SessionRecord: Sendable, Equatable {
         self.createdAt = createdAt
         self.expiresAt = expiresAt
         self.revokedAt = revokedAt
+        self.leaseOwner = leaseOwner
+        self.leaseUntil = leaseUntil
     }
 
     public func isLive(at now: Date) -> Bool { revokedAt == nil && expiresAt > now }

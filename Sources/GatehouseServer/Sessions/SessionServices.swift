@@ -105,6 +105,13 @@ public final class SessionServices: Sendable {
             do { session = try await store.session(id: sessionID) } catch { return .unavailable }
             guard let session, session.isLive(at: now()), let view = try? open(session) else { return .ended }
             if session.version > knownVersion, !needsRefresh(view, now: now()) { return .fresh(view) }
+            if sawAnotherRefresh, session.leaseOwner == nil {
+                // The other instance gave its lease up without new tokens: its refresh failed or
+                // its outcome is unknown. Refreshing again at once would be a retry the upstream's
+                // `refresh_token_policy` may forbid; the caller's next attempt does it. (A lease
+                // that ran out, a dead holder, keeps its owner and is taken over below.)
+                return .unavailable
+            }
             // The lease outlasts the longest refresh this instance may make: three attempts and their backoff.
             let lease = upstreams[session.upstream]?.settings.refreshLeaseSeconds ?? 32
             let leased: Bool
@@ -126,13 +133,6 @@ public final class SessionServices: Sendable {
             if current.version > knownVersion, !needsRefresh(currentView, now: now()) {
                 try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
                 return .fresh(currentView)
-            }
-            if sawAnotherRefresh {
-                // The other instance's lease ended without new tokens: its refresh failed, its outcome
-                // is unknown, or it died. Refreshing again at once would be a retry the upstream's
-                // `refresh_token_policy` may forbid; the caller's next attempt does it.
-                try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
-                return .unavailable
             }
             return await refreshUnderLease(current, view: currentView, upstreams: upstreams)
         }
@@ -210,19 +210,22 @@ public final class SessionServices: Sendable {
         try await store.revokeSession(id: session.id, now: now())
         views.dropSession(session.id, now: now())
         let view = try? open(session)
-        var messages = [RevocationMessage.session(session.id)]
-        if let view {
-            let key = TokenKey(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
-            identityCache?.invalidate(key: key)
-            messages.append(.identity(key))
-        }
-        for message in messages {
-            do { try await store.announceRevocation(message.text) } catch {
-                logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
-            }
-        }
-        if let refreshToken = view?.tokens.refreshToken, let upstream = upstreams[session.upstream] {
+        await announce(.session(session.id))
+        guard let view else { return }
+        let key = TokenKey(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
+        identityCache?.invalidate(key: key)
+        if let refreshToken = view.tokens.refreshToken, let upstream = upstreams[session.upstream] {
             await upstream.revoke(refreshToken.reveal(), hint: "refresh_token")
+            // Again once the upstream has revoked: a request that asked the identity service in
+            // between was told "active", and must not stay cached as such.
+            identityCache?.invalidate(key: key)
+        }
+        await announce(.identity(key))
+    }
+
+    private func announce(_ message: RevocationMessage) async {
+        do { try await store.announceRevocation(message.text) } catch {
+            logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
         }
     }
 

@@ -151,7 +151,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     }
 
     private static let columns =
-        "s.id, s.client_id, s.upstream, s.subject, s.key_id, s.sealed_tokens, s.upstream_expires_at, s.version, s.created_at, s.expires_at, s.revoked_at"
+        "s.id, s.client_id, s.upstream, s.subject, s.key_id, s.sealed_tokens, s.upstream_expires_at, s.version, s.created_at, s.expires_at, s.revoked_at, s.lease_owner, s.lease_until"
 
     public func session(id: String) async throws -> SessionRecord? {
         try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.id = $1", binds: binds(id))).first
@@ -163,9 +163,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
             """, binds: binds(hash, ms(now))), logger: logger)
         for try await row in rows {
-            let columns = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, Int).self)
-            return (Self.session(columns.0, columns.1, columns.2, columns.3, columns.4, columns.5, columns.6, columns.7, columns.8, columns.9, columns.10),
-                    Self.date(columns.11))
+            let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, Int).self)
+            return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12), Self.date(c.13))
         }
         return nil
     }
@@ -372,17 +371,18 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
         var result: [SessionRecord] = []
         let rows = try await query(statement, logger: logger)
-        for try await c in rows.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?).self) {
-            result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10))
+        for try await c in rows.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?).self) {
+            result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12))
         }
         return result
     }
 
     private static func session(_ id: String, _ client: String, _ upstream: String, _ subject: String?, _ keyID: String, _ sealed: Data,
-                                _ upstreamExpires: Int?, _ version: Int, _ created: Int, _ expires: Int, _ revoked: Int?) -> SessionRecord {
+                                _ upstreamExpires: Int?, _ version: Int, _ created: Int, _ expires: Int, _ revoked: Int?,
+                                _ leaseOwner: String?, _ leaseUntil: Int?) -> SessionRecord {
         SessionRecord(id: id, clientID: client, upstream: upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
                       upstreamExpiresAt: upstreamExpires.map(date), version: version, createdAt: date(created), expiresAt: date(expires),
-                      revokedAt: revoked.map(date))
+                      revokedAt: revoked.map(date), leaseOwner: leaseOwner, leaseUntil: leaseUntil.map(date))
     }
 
     private func count(_ rows: PostgresRowSequence) async throws -> Int {

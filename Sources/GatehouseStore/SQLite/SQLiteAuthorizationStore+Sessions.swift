@@ -45,6 +45,8 @@ extension SQLiteAuthorizationStore: SessionStore {
 
     private static let sessionColumns =
         "id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at"
+    /// What a read returns: the written columns and the refresh lease.
+    private static let sessionReadColumns = sessionColumns + ", lease_owner, lease_until"
 
     public func insertSession(_ session: SessionRecord) async throws {
         _ = try await connection.query(
@@ -56,11 +58,11 @@ extension SQLiteAuthorizationStore: SessionStore {
     }
 
     public func session(id: String) async throws -> SessionRecord? {
-        try await connection.query("SELECT \(Self.sessionColumns) FROM sessions WHERE id = ?", [.text(id)]).first.flatMap(Self.session)
+        try await connection.query("SELECT \(Self.sessionReadColumns) FROM sessions WHERE id = ?", [.text(id)]).first.flatMap(Self.session)
     }
 
     public func session(forAccessTokenHash hash: String, now: Date) async throws -> (session: SessionRecord, accessExpiresAt: Date)? {
-        let columns = Self.sessionColumns.split(separator: ",").map { "s." + $0.trimmingCharacters(in: .whitespaces) }.joined(separator: ", ")
+        let columns = Self.sessionReadColumns.split(separator: ",").map { "s." + $0.trimmingCharacters(in: .whitespaces) }.joined(separator: ", ")
         let rows = try await connection.query(
             """
             SELECT \(columns), a.expires_at AS access_expires_at FROM access_tokens a JOIN sessions s ON s.id = a.session_id
@@ -165,15 +167,15 @@ extension SQLiteAuthorizationStore: SessionStore {
 
     public func sessionsSealed(notUnder activeKeyID: String, limit: Int) async throws -> [SessionRecord] {
         try await connection.query(
-            "SELECT \(Self.sessionColumns) FROM sessions WHERE key_id <> ? AND revoked_at IS NULL LIMIT ?",
+            "SELECT \(Self.sessionReadColumns) FROM sessions WHERE key_id <> ? AND revoked_at IS NULL LIMIT ?",
             [.text(activeKeyID), .integer(limit)]).compactMap(Self.session)
     }
 
     public func sessions(subject: String?) async throws -> [SessionRecord] {
         let rows = if let subject {
-            try await connection.query("SELECT \(Self.sessionColumns) FROM sessions WHERE subject = ? ORDER BY created_at", [.text(subject)])
+            try await connection.query("SELECT \(Self.sessionReadColumns) FROM sessions WHERE subject = ? ORDER BY created_at", [.text(subject)])
         } else {
-            try await connection.query("SELECT \(Self.sessionColumns) FROM sessions ORDER BY created_at", [])
+            try await connection.query("SELECT \(Self.sessionReadColumns) FROM sessions ORDER BY created_at", [])
         }
         return rows.compactMap(Self.session)
     }
@@ -187,7 +189,8 @@ extension SQLiteAuthorizationStore: SessionStore {
         return SessionRecord(
             id: id, clientID: client, upstream: upstream, subject: row.column("subject")?.string, keyID: keyID,
             sealedTokens: Data(sealed.readableBytesView), upstreamExpiresAt: row.column("upstream_expires_at")?.integer.map(date),
-            version: version, createdAt: date(created), expiresAt: date(expires), revokedAt: row.column("revoked_at")?.integer.map(date))
+            version: version, createdAt: date(created), expiresAt: date(expires), revokedAt: row.column("revoked_at")?.integer.map(date),
+            leaseOwner: row.column("lease_owner")?.string, leaseUntil: row.column("lease_until")?.integer.map(date))
     }
 
     private static func optionalTime(_ date: Date?) -> SQLiteData {
