@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
-from tokenproxy import CountingTokenProxy, run_gatehouse
+from tokenproxy import CountingTokenProxy, run_gatehouse, server_and_store
 
 
 def upstream_entry(name, up, proxy, timeout="5s", extra=""):
@@ -65,13 +65,7 @@ def passthrough(workdir, upstream, relay_doubles, gatehouse, seen):
     clients = (client_entry("com.example.app", "legacy") + client_entry("com.example.other", "legacy")
                + client_entry("com.example.stall", "stall") + client_entry("com.example.stall-sealed", "stall", "sealed")
                + client_entry("com.example.reusable", "reusable"))
-    config = f"""
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: {workdir}/passthrough.sqlite
+    config = server_and_store(port, f"{workdir}/passthrough.sqlite") + f"""
 upstreams:{upstreams}
 clients:{clients}
 routes:
@@ -94,13 +88,7 @@ def short_grace(workdir, upstream, gatehouse, seen):
     up = upstream["url"]
     proxy = CountingTokenProxy(up + "/o/token/", seen)
     port = free_port()
-    config = f"""
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: {workdir}/passthrough-grace.sqlite
+    config = server_and_store(port, f"{workdir}/passthrough-grace.sqlite") + f"""
 upstreams:{upstream_entry("legacy", up, proxy)}
 clients:{client_entry("com.example.app", "legacy")}
 sessions:
@@ -133,6 +121,12 @@ def introspect(upstream, token):
 
 def delta(after, before):
     return {key: after[key] - before[key] for key in after}
+
+
+def assert_try_again_later(response):
+    """A clean 503: the app is told to retry, never that its grant is dead."""
+    assert response.status_code == 503, response.text
+    assert int(response.headers["Retry-After"]) > 0
 
 
 # --- A. one upstream refresh, one pair ---------------------------------------------------
@@ -227,15 +221,10 @@ def test_single_use_refresh_that_timed_out_is_not_retried_answers_503_and_the_ne
     app, pair = sign_in(passthrough, seen, "com.example.stall")
     proxy = passthrough["proxies"]["stall"]
     before = proxy.counts()
-    proxy.hold(1)  # the upstream reads the request and never answers (timeout: 1s)
-    try:
-        stalled = app.refresh(pair["refresh_token"])
-        counted = delta(proxy.counts(), before)
-    finally:
-        proxy.release_held()
-    assert stalled.status_code == 503, stalled.text
+    # The upstream reads the request and never answers (timeout: 1s).
+    stalled, counted = proxy.while_holding(1, lambda: app.refresh(pair["refresh_token"]))
+    assert_try_again_later(stalled)
     assert stalled.json()["error"] == "temporarily_unavailable"
-    assert int(stalled.headers["Retry-After"]) > 0
     assert stalled.headers.get("Cache-Control") == "no-store"
     assert counted == {"calls": 1, "refreshes": 1, "forwarded": 0, "succeeded": 0, "held": 1}, counted
     # The refresh token was never spent (the held request never reached the real upstream): it still works.
@@ -249,25 +238,12 @@ def test_single_use_refresh_that_timed_out_is_not_retried_answers_503_and_the_ne
 def test_reusable_refresh_is_retried_twice_after_timeouts(passthrough, seen):
     app, pair = sign_in(passthrough, seen, "com.example.reusable")
     proxy = passthrough["proxies"]["reusable"]
-    before = proxy.counts()
-    proxy.hold(3)
-    try:
-        stalled = app.refresh(pair["refresh_token"])
-        counted = delta(proxy.counts(), before)
-    finally:
-        proxy.release_held()
-    assert stalled.status_code == 503, stalled.text
+    stalled, counted = proxy.while_holding(3, lambda: app.refresh(pair["refresh_token"]))
+    assert_try_again_later(stalled)
     assert stalled.json()["error"] == "temporarily_unavailable"
-    assert int(stalled.headers["Retry-After"]) > 0
     assert counted["refreshes"] == 3 and counted["held"] == 3 and counted["forwarded"] == 0, counted
     # One stall, then the retry reaches the upstream: the app gets its pair from the second call.
-    before = proxy.counts()
-    proxy.hold(1)
-    try:
-        retried = app.refresh(pair["refresh_token"])
-        counted = delta(proxy.counts(), before)
-    finally:
-        proxy.release_held()
+    retried, counted = proxy.while_holding(1, lambda: app.refresh(pair["refresh_token"]))
     assert retried.status_code == 200, retried.text
     assert counted["refreshes"] == 2 and counted["held"] == 1 and counted["succeeded"] == 1, counted
 
@@ -283,15 +259,9 @@ def test_single_use_sealed_session_refresh_that_timed_out_answers_503_and_keeps_
         before = proxy.counts()
         url = passthrough["url"] + "/api/stall/x"
         headers = {"Authorization": f"Bearer {pair['access_token']}"}
-        proxy.hold(1)
-        try:
-            stalled = requests.get(url, headers=headers, timeout=30)
-            counted = delta(proxy.counts(), before)
-        finally:
-            proxy.release_held()
-        assert stalled.status_code == 503, stalled.text
+        stalled, counted = proxy.while_holding(1, lambda: requests.get(url, headers=headers, timeout=30))
+        assert_try_again_later(stalled)
         assert stalled.headers["Content-Type"].startswith("application/problem+json")
-        assert int(stalled.headers["Retry-After"]) > 0
         assert counted["refreshes"] == 1 and counted["held"] == 1 and counted["forwarded"] == 0, counted
         live = database.execute("SELECT count(*) FROM sessions WHERE client_id = 'com.example.stall-sealed' "
                                 "AND revoked_at IS NULL").fetchone()[0]
@@ -311,12 +281,8 @@ def test_a_failed_refresh_does_not_bind_a_token_gatehouse_had_not_seen(passthrou
     that failed: here its upstream stalls (503), and another app then refreshes it."""
     unseen = tokens_from_the_upstream_itself(upstream, seen)
     stall, legacy = passthrough["proxies"]["stall"], passthrough["proxies"]["legacy"]
-    stall.hold(1)
-    try:
-        failed = App(passthrough, seen, client_id="com.example.stall").refresh(unseen["refresh_token"])
-    finally:
-        stall.release_held()
-    assert failed.status_code == 503, failed.text
+    failed, _ = stall.while_holding(1, lambda: App(passthrough, seen, client_id="com.example.stall").refresh(unseen["refresh_token"]))
+    assert_try_again_later(failed)
     before = legacy.counts()
     other = App(passthrough, seen, client_id="com.example.app").refresh(unseen["refresh_token"])
     assert other.status_code == 200, other.text

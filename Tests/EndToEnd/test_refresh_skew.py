@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from nativeapp import App, free_port
-from tokenproxy import CountingTokenProxy, run_gatehouse, run_upstream
+from tokenproxy import CountingTokenProxy, run_gatehouse, run_upstream, server_and_store
 
 #: What each test measured, printed as one table at the end of the module.
 MEASURED = []
@@ -33,13 +33,7 @@ def sealed_gatehouse(workdir, relay_doubles, gatehouse, seen, lifetime):
                       access_token_expire_seconds=lifetime) as up:
         tokens = CountingTokenProxy(up["url"] + "/o/token/", seen)
         identity = CountingTokenProxy(up["url"] + "/o/introspect/", seen)
-        config = f"""
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: {workdir}/{name}.sqlite
+        config = server_and_store(port, f"{workdir}/{name}.sqlite") + f"""
 upstreams:
   - name: legacy
     authorization_endpoint: {up["url"]}/o/authorize/

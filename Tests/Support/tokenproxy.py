@@ -181,6 +181,18 @@ class CountingTokenProxy:
             return {"calls": self.calls, "refreshes": self.refreshes, "forwarded": self.forwarded_refreshes,
                     "succeeded": self.successful_refreshes, "held": self.held_count}
 
+    def while_holding(self, count, action):
+        """Runs `action()` while the next `count` refreshes are held (read, never forwarded, never
+        answered); returns its result and what this proxy counted meanwhile."""
+        before = self.counts()
+        self.hold(count)
+        try:
+            result = action()
+            after = self.counts()
+        finally:
+            self.release_held()
+        return result, {key: after[key] - before[key] for key in after}
+
     def pair_for_access_token(self, access_token):
         """The token response (as the target answered it) that carried `access_token`."""
         with self.condition:
@@ -228,12 +240,22 @@ def run_upstream(workdir, name, seen, callbacks, access_token_expire_seconds=360
 
 def gatehouse_binary():
     binary = Path(os.environ.get("GATEHOUSE_BIN", ROOT / ".build/debug/gatehouse"))
-    deadline = time.monotonic() + 60  # the binary may be relinked under the suite: it is back within seconds
-    while not binary.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
     if not binary.exists():
         raise RuntimeError(f"{binary} does not exist: build it first (swift build)")
     return binary
+
+
+def server_and_store(port, store):
+    """The `server:` and `store:` sections of a Gatehouse on 127.0.0.1:PORT; `store` is a SQLite
+    path or the YAML lines of a `postgres:` mapping."""
+    store_section = f"  sqlite_path: {store}" if not str(store).lstrip().startswith("postgres:") else str(store)
+    return f"""
+server:
+  public_base_url: http://127.0.0.1:{port}
+  host: 127.0.0.1
+  port: {port}
+store:
+{store_section}"""
 
 
 @contextmanager

@@ -346,7 +346,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     group.addTask {
                         while true {
                             try await Task.sleep(for: .seconds(30))
-                            try await withDeadline(Self.queryTimeout) { try await connection.query("SELECT 1", logger: logger) }
+                            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await connection.query("SELECT 1", logger: logger) }
                         }
                     }
                     defer { group.cancelAll() }
@@ -365,7 +365,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     @discardableResult
     private func query(_ query: PostgresQuery, logger: Logger) async throws -> PostgresRowSequence {
         let client = self.client
-        return try await withDeadline(Self.queryTimeout) { try await client.query(query, logger: logger) }
+        return try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await client.query(query, logger: logger) }
     }
 
     private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
@@ -402,20 +402,6 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 }
 
 /// The database did not answer in time.
-/// Runs `operation` within `limit`, or throws `StoreUnavailable`.
-private func withDeadline<Value: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> Value) async throws -> Value {
-    try await withThrowingTaskGroup(of: Value?.self) { group in
-        group.addTask { try await operation() }
-        group.addTask {
-            try await Task.sleep(for: limit)
-            return nil
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next(), let value = first else { throw StoreUnavailable() }
-        return value
-    }
-}
-
 public struct StoreUnavailable: Error, CustomStringConvertible {
     public var description: String { "the database did not answer in time" }
 }

@@ -50,7 +50,7 @@ public struct OAuth2Upstream: UpstreamClient {
         let request = settings.authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
         do {
             let (httpClient, timeout) = (self.httpClient, settings.timeout)
-            let status = try await withDeadline(timeout) {
+            let status = try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
                 let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
                 _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
                 return response.status
@@ -69,7 +69,7 @@ public struct OAuth2Upstream: UpstreamClient {
         let bytes: ByteBuffer
         do {
             let (httpClient, timeout) = (self.httpClient, settings.timeout)
-            (status, bytes) = try await withDeadline(timeout) {
+            (status, bytes) = try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
                 let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
                 return (response.status, try await response.body.collect(upTo: Self.maximumResponseBytes))
             }
