@@ -124,9 +124,13 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 include-operation-id = "revoke"
 parameters = {{ "body.client_id" = {{ dictionary = "client_ids", probability = 0.9 }}, "body.token" = {{ dictionary = "revocable", probability = 0.9 }} }}
 """, "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
-    for success in [("GET", "oauth/authorize", "302"), ("POST", "oauth/revoke", "200"), ("GET", "api/schema", "200"),
+    # The fuzzer must have reached the success paths it can draw. A revocation's 200 is not among
+    # them: schemathesis draws form bodies from the dictionaries only now and then (a fresh clone
+    # got none in 40 examples), so revocations that succeed are sent by hand, below.
+    for success in [("GET", "oauth/authorize", "302"), ("GET", "api/schema", "200"),
                     ("POST", "api/schema", "200"), ("PATCH", "api/schema", "200"), ("DELETE", "api/schema", "200")]:
         assert served[success] > 0, f"the fuzzer never got {success}: {sorted(served)}"
+    assert served[("POST", "oauth/revoke", "401")] + served[("POST", "oauth/revoke", "200")] > 0, sorted(served)
 
 
 class Validated:
