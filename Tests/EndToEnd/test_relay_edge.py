@@ -646,17 +646,21 @@ def test_a_chunked_body_within_the_limit_of_a_buffering_route_arrives_whole(gate
     assert response.json()["body_sha256"] == hashlib.sha256(data).hexdigest()
 
 
+def send_after_100_continue(gatehouse, path, headers, body):
+    """Sends the head with `Expect: 100-continue`, the body only once `100 Continue` came; the final answer."""
+    with RawClient(gatehouse["port"]) as client:
+        client.send(request("POST", path, headers + [("Expect", "100-continue"), ("Content-Length", str(len(body)))]))
+        interim = client.read_response(interim=True, timeout=10)
+        assert interim is not None and interim.status == 100, interim
+        client.send(body)
+        return client.read_response()
+
+
 @pytest.mark.parametrize("freshness", ["fresh", "warm"])
 def test_expect_100_continue_is_answered_before_the_body_is_sent(gatehouse, tokens, freshness):
     token = tokens.fresh() if freshness == "fresh" else tokens.warm(ROUTE)
     body = b"hello world"
-    with RawClient(gatehouse["port"]) as client:
-        client.send(request("POST", ROUTE + "/continue", [("Authorization", f"Bearer {token}"), ("Expect", "100-continue"),
-                                                           ("Content-Length", str(len(body)))]))
-        interim = client.read_response(interim=True, timeout=10)
-        assert interim is not None and interim.status == 100, interim
-        client.send(body)
-        response = client.read_response()
+    response = send_after_100_continue(gatehouse, ROUTE + "/continue", [("Authorization", f"Bearer {token}")], body)
     assert response.status == 200, response
     echoed = response.json()
     assert echoed["body_bytes"] == len(body) and echoed["method"] == "POST"
@@ -677,13 +681,7 @@ def test_expect_100_continue_with_an_invalid_token_is_401_without_continue(gateh
 
 def test_expect_100_continue_at_the_token_endpoint(gatehouse):
     body = b"grant_type=unheard_of&client_id=com.example.app"
-    with RawClient(gatehouse["port"]) as client:
-        client.send(request("POST", "/oauth/token", [("Content-Type", "application/x-www-form-urlencoded"), ("Expect", "100-continue"),
-                                                     ("Content-Length", str(len(body)))]))
-        interim = client.read_response(interim=True, timeout=10)
-        assert interim is not None and interim.status == 100, interim
-        client.send(body)
-        response = client.read_response()
+    response = send_after_100_continue(gatehouse, "/oauth/token", [("Content-Type", "application/x-www-form-urlencoded")], body)
     assert response.status == 400, response
     assert "error" in response.json()
 

@@ -52,7 +52,7 @@ extension Gatehouse {
             // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
             let key = TokenKey(token: token, upstream: client.upstream)
             relay?.cache.invalidate(key: key)
-            try? await store.announceRevocation(RevocationMessage.identity(key).text)
+            await store.announce(.identity(key), logger: logger)
         }
         return Self.revoked()
     }

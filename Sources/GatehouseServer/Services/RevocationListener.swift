@@ -33,6 +33,16 @@ enum RevocationMessage: Equatable {
     }
 }
 
+extension RevocationAnnouncer {
+    /// Tells the other instances; when it cannot, they stop honouring the revocation when their
+    /// cached views expire (at most 10 s), so a failure is logged, not thrown.
+    func announce(_ message: RevocationMessage, logger: Logger) async {
+        do { try await announceRevocation(message.text) } catch {
+            logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
+        }
+    }
+}
+
 /// Listens for other instances' revocations and drops what this instance caches about them, so
 /// a session revoked on instance A stops working on instance B within milliseconds instead of
 /// when B's cached view expires. Reconnects (every second) when the connection is lost.

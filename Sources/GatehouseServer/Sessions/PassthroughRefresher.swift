@@ -2,7 +2,6 @@ import Foundation
 import GatehouseCore
 import GatehouseUpstreams
 import Logging
-import Synchronization
 
 /// Refreshes for passthrough apps (the app holds the upstream's tokens) that cannot race.
 ///
@@ -19,9 +18,10 @@ final class PassthroughRefresher: Sendable {
     let instanceID = String(SecureToken.generate().prefix(12))
     let logger: Logger
     let now: @Sendable () -> Date
-    private let inflight = Mutex<[String: Task<Result<Data, OAuthError>, Never>]>([:])
+    private let refreshes = Coalescer<Result<Data, OAuthError>>()
     private static let purpose = "gatehouse passthrough refresh v1"
-    /// How long a caller waits for another instance's refresh before answering 503.
+    /// How long a caller waits for another instance's refresh before answering 503 (sealed
+    /// sessions' refreshes too).
     static let waitLimit: Double = 10
 
     init(store: any PassthroughTokenStore, configuration: GatehouseConfiguration, now: @escaping @Sendable () -> Date, logger: Logger) {
@@ -55,22 +55,14 @@ final class PassthroughRefresher: Sendable {
 
     func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
         let key = SecureToken.hash(token) + " " + client.clientID + " " + (scope ?? "")
-        let task: Task<Result<Data, OAuthError>, Never> = inflight.withLock { tasks in
-            if let running = tasks[key] { return running }
-            let task = Task<Result<Data, OAuthError>, Never> {
-                let result: Result<Data, OAuthError>
-                do throws(OAuthError) {
-                    result = .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream))
-                } catch {
-                    result = .failure(error)
-                }
-                _ = self.inflight.withLock { $0.removeValue(forKey: key) }
-                return result
+        let result = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
+            do throws(OAuthError) {
+                return .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream))
+            } catch {
+                return .failure(error)
             }
-            tasks[key] = task
-            return task
         }
-        return try await task.value.get()
+        return try result.get()
     }
 
     private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {

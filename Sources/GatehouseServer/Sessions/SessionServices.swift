@@ -18,7 +18,7 @@ public final class SessionServices: Sendable {
     let logger: Logger
     let views = SessionViewCache()
     let now: @Sendable () -> Date
-    private let inflight = Mutex<[String: Task<RefreshOutcome, Never>]>([:])
+    private let refreshes = Coalescer<RefreshOutcome>()
 
     public init(store: any SessionStore & RevocationAnnouncer, settings: SessionSettings, logger: Logger,
                 now: @escaping @Sendable () -> Date = Date.init) {
@@ -78,27 +78,19 @@ public final class SessionServices: Sendable {
             case let other: return other
             }
         }
-        views.put(hash, view, until: min(grant.accessExpiresAt, now.addingTimeInterval(10)), now: now)
+        views.put(hash, view, until: min(grant.accessExpiresAt, now.addingTimeInterval(SessionViewCache.entryLifetime)), now: now)
         return .fresh(view)
     }
 
     /// Refreshes a session's upstream tokens once, however many ask at the same time.
     func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
-        let task: Task<RefreshOutcome, Never> = inflight.withLock { tasks in
-            if let running = tasks[sessionID] { return running }
-            let task = Task<RefreshOutcome, Never> {
-                let outcome = await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
-                _ = self.inflight.withLock { $0.removeValue(forKey: sessionID) }
-                return outcome
-            }
-            tasks[sessionID] = task
-            return task
+        await refreshes.run(sessionID) {
+            await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
         }
-        return await task.value
     }
 
     private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
-        let deadline = now().addingTimeInterval(10)
+        let deadline = now().addingTimeInterval(PassthroughRefresher.waitLimit)
         var sawAnotherRefresh = false
         while now() < deadline {
             let session: SessionRecord?
@@ -210,7 +202,7 @@ public final class SessionServices: Sendable {
         try await store.revokeSession(id: session.id, now: now())
         views.dropSession(session.id, now: now())
         let view = try? open(session)
-        await announce(.session(session.id))
+        await store.announce(.session(session.id), logger: logger)
         guard let view else { return }
         let key = TokenKey(token: view.tokens.accessToken.reveal(), upstream: session.upstream)
         identityCache?.invalidate(key: key)
@@ -220,13 +212,7 @@ public final class SessionServices: Sendable {
             // between was told "active", and must not stay cached as such.
             identityCache?.invalidate(key: key)
         }
-        await announce(.identity(key))
-    }
-
-    private func announce(_ message: RevocationMessage) async {
-        do { try await store.announceRevocation(message.text) } catch {
-            logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
-        }
+        await store.announce(.identity(key), logger: logger)
     }
 
     /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old one.
@@ -259,8 +245,8 @@ final class SessionViewCache: Sendable {
 
     private let state = Mutex(State())
     private let capacity = 100_000
-    /// How long a revoked session is refused a place in the cache (the longest an entry lives).
-    static let revokedMemory: TimeInterval = 10
+    /// The longest an entry lives, and so how long a revoked session is refused a place.
+    static let entryLifetime: TimeInterval = 10
 
     func get(_ hash: String, now: Date) -> SessionServices.SessionView? {
         state.withLock { state in
@@ -276,7 +262,7 @@ final class SessionViewCache: Sendable {
 
     func put(_ hash: String, _ view: SessionServices.SessionView, until: Date, now: Date = Date()) {
         state.withLock { state in
-            if let revokedAt = state.revoked[view.sessionID], now.timeIntervalSince(revokedAt) < Self.revokedMemory { return }
+            if let revokedAt = state.revoked[view.sessionID], now.timeIntervalSince(revokedAt) < Self.entryLifetime { return }
             if state.entries.count >= capacity {
                 state.entries.removeAll(keepingCapacity: true)
                 state.bySession.removeAll(keepingCapacity: true)
@@ -286,12 +272,12 @@ final class SessionViewCache: Sendable {
         }
     }
 
-    /// Drops a session's views; `revoked` keeps it out of the cache for `revokedMemory`.
+    /// Drops a session's views; `revoked` keeps it out of the cache for `entryLifetime`.
     func dropSession(_ sessionID: String, revoked: Bool = true, now: Date = Date()) {
         state.withLock { state in
             for hash in state.bySession.removeValue(forKey: sessionID) ?? [] { state.entries[hash] = nil }
             guard revoked else { return }
-            state.revoked = state.revoked.filter { now.timeIntervalSince($0.value) < Self.revokedMemory }
+            state.revoked = state.revoked.filter { now.timeIntervalSince($0.value) < Self.entryLifetime }
             state.revoked[sessionID] = now
         }
     }

@@ -49,12 +49,7 @@ public struct OAuth2Upstream: UpstreamClient {
         guard let endpoint = settings.revocationEndpoint else { return }
         let request = settings.authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
         do {
-            let (httpClient, timeout) = (self.httpClient, settings.timeout)
-            let status = try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
-                let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
-                _ = try await response.body.collect(upTo: Self.maximumResponseBytes)
-                return response.status
-            }
+            let (status, _) = try await exchange(request)
             if status != .ok {
                 logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
             }
@@ -68,11 +63,7 @@ public struct OAuth2Upstream: UpstreamClient {
         let status: HTTPResponseStatus
         let bytes: ByteBuffer
         do {
-            let (httpClient, timeout) = (self.httpClient, settings.timeout)
-            (status, bytes) = try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
-                let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
-                return (response.status, try await response.body.collect(upTo: Self.maximumResponseBytes))
-            }
+            (status, bytes) = try await exchange(request)
         } catch {
             let mapped = UpstreamFailure.classify(error, upstream: settings.name)
             logger.warning("upstream \(purpose) failed", metadata: [
@@ -88,6 +79,16 @@ public struct OAuth2Upstream: UpstreamClient {
                 "upstream": .string(settings.name), "status": .stringConvertible(status.code), "error": .string(error.code),
             ])
             throw error
+        }
+    }
+
+    /// One request to the upstream and its whole answer, within the upstream's `timeout`
+    /// (AsyncHTTPClient's own deadline stops at the response head).
+    private func exchange(_ request: HTTPClientRequest) async throws -> (HTTPResponseStatus, ByteBuffer) {
+        let (httpClient, timeout) = (self.httpClient, settings.timeout)
+        return try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
+            return (response.status, try await response.body.collect(upTo: Self.maximumResponseBytes))
         }
     }
 }
