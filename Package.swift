@@ -58,6 +58,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: upcoming
         ),
@@ -111,12 +113,25 @@ let package = Package(
         ),
         .testTarget(
             name: "GatehouseCoreTests",
-            dependencies: ["GatehouseCore"],
+            dependencies: ["GatehouseCore", "GatehouseUpstreams"],
             swiftSettings: upcoming
         ),
         .testTarget(
             name: "GatehouseRelayTests",
             dependencies: ["GatehouseRelay", "GatehouseCore", .product(name: "NIOHTTP1", package: "swift-nio")],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseUpstreamsTests",
+            dependencies: [
+                "GatehouseUpstreams",
+                "GatehouseCore",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Tests/GatehouseUpstreamsTests",
             swiftSettings: upcoming
         ),
         .testTarget(
@@ -128,6 +143,7 @@ let package = Package(
                 "GatehouseUpstreams",
                 "GatehouseRelay",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

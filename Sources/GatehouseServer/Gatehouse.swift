@@ -2,13 +2,14 @@ public import Foundation
 public import GatehouseCore
 public import GatehouseUpstreams
 public import Logging
+public import GatehouseRelay
 
 /// The decisions behind Gatehouse's endpoints, with everything they need handed in:
 /// configuration, store, one client per upstream, a clock and a logger.
 public struct Gatehouse: Sendable {
     public let configuration: GatehouseConfiguration
     public let store: any GatehouseStore
-    public let upstreams: [String: any UpstreamClient]
+    public let upstreams: [String: any UpstreamProfile]
     public let now: @Sendable () -> Date
     public let logger: Logger
     /// The resource relay's services; `nil` when no route is configured.
@@ -17,10 +18,13 @@ public struct Gatehouse: Sendable {
     public let sessions: SessionServices?
     /// Refreshes of passthrough apps' upstream tokens, coordinated across instances.
     let passthrough: PassthroughRefresher
+    /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
+    public let signer: AssertionSigner?
 
     public init(configuration: GatehouseConfiguration, store: any GatehouseStore,
-                upstreams: [String: any UpstreamClient], relay: RelayServices? = nil, sessions: SessionServices? = nil,
-                now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
+                upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
+                signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
+        self.signer = signer ?? relay?.signer
         self.configuration = configuration
         self.store = store
         self.upstreams = upstreams

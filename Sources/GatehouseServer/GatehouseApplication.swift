@@ -1,7 +1,7 @@
 public import AsyncHTTPClient
 import Foundation
 public import GatehouseCore
-import GatehouseRelay
+public import GatehouseRelay
 import GatehouseStore
 public import GatehouseUpstreams
 public import Hummingbird
@@ -23,6 +23,9 @@ public enum GatehouseApplication {
         "/healthz": [.get],
         "/readyz": [.get],
         "/.well-known/jwks.json": [.get],
+        "/userinfo": [.get],
+        "/oauth/logout": [.get],
+        "/oauth/logout/callback": [.get],
     ]
 
     /// The router with every endpoint; in-process tests drive it directly.
@@ -38,23 +41,22 @@ public enum GatehouseApplication {
         router.get("/healthz") { _, _ in gatehouse.health() }
         router.get("/readyz") { request, _ in await gatehouse.readiness(request) }
         router.get("/.well-known/jwks.json") { request, _ in gatehouse.jwks(request) }
+        router.get("/userinfo") { request, _ in await gatehouse.userinfo(request) }
+        router.get("/oauth/logout") { request, _ in await gatehouse.logout(request) }
+        router.get("/oauth/logout/callback") { request, _ in await gatehouse.logoutCallback(request) }
         return router
     }
 
     /// One upstream client per configured upstream, sharing the process's HTTP client.
     public static func upstreamClients(for configuration: GatehouseConfiguration, httpClient: HTTPClient, logger: Logger)
-        -> [String: any UpstreamClient]
+        -> [String: any UpstreamProfile]
     {
-        configuration.upstreams.mapValues { settings -> any UpstreamClient in
-            switch settings.kind {
-            case .oauth2: OAuth2Upstream(settings: settings, httpClient: httpClient, logger: logger)
-            }
-        }
+        configuration.upstreams.mapValues { UpstreamRegistry.profile(for: $0, httpClient: httpClient, logger: logger) }
     }
 
     /// Runs `body` with one client per upstream, for commands that are not a server; shuts their HTTP client down after.
     public static func withUpstreamClients<Result: Sendable>(for configuration: GatehouseConfiguration, logger: Logger,
-                                                             _ body: ([String: any UpstreamClient]) async throws -> Result) async throws -> Result {
+                                                             _ body: ([String: any UpstreamProfile]) async throws -> Result) async throws -> Result {
         let httpClient = makeHTTPClient(for: configuration)
         let outcome: Swift.Result<Result, any Error>
         do {
@@ -81,14 +83,19 @@ public enum GatehouseApplication {
         let opened = try await OpenedStore.open(configuration, logger: logger)
         let store = opened.store
         let httpClient = makeHTTPClient(for: configuration)
-        let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, logger: logger)
-        let sessions = configuration.sessions.map { SessionServices(store: store, settings: $0, logger: logger) }
+        let signer = try await makeSigner(for: configuration, logger: logger)
+        let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, signer: signer, logger: logger)
+        let profiles = upstreamClients(for: configuration, httpClient: httpClient, logger: logger)
+        let nonRefreshing = Set(profiles.filter { !$0.value.canRefresh }.keys)
+        let sessions = configuration.sessions.map {
+            SessionServices(store: store, settings: $0, logger: logger, nonRefreshingUpstreams: nonRefreshing)
+        }
         let revocations: [any Service] = opened.postgres.map {
             [RevocationListener(store: $0, sessions: sessions, identityCache: relay?.cache, logger: logger)]
         } ?? []
         let gatehouse = Gatehouse(configuration: configuration, store: store,
-                                  upstreams: upstreamClients(for: configuration, httpClient: httpClient, logger: logger),
-                                  relay: relay, sessions: sessions, logger: logger)
+                                  upstreams: profiles,
+                                  relay: relay, sessions: sessions, signer: signer, logger: logger)
         let issuer = configuration.server.publicBaseURL
         let fastPath = relay.map { relay in
             (planner: FastRelayPlanner(configuration: configuration, relay: relay, sessions: sessions, logger: logger),
@@ -134,18 +141,36 @@ public enum GatehouseApplication {
         await opened.close()
     }
 
+    /// Gatehouse's signing key, when something needs it: a route with `authorization: assertion`,
+    /// a sealed app of an upstream that verifies identity (its ID tokens), or a configured key.
+    public static func makeSigner(for configuration: GatehouseConfiguration, logger: Logger) async throws -> AssertionSigner? {
+        let sealedIdentity = configuration.clients.values.contains { client in
+            client.tokenExposure == .sealed && configuration.upstreams[client.upstream].map(issuesIDTokens) == true
+        }
+        guard configuration.routes.contains(where: { $0.authorization == .assertion }) || configuration.server.signingKey != nil
+            || sealedIdentity else { return nil }
+        let issuer = configuration.server.publicBaseURL
+        if configuration.server.signingKey == nil, let sessions = configuration.sessions {
+            // The same key on every instance and after a restart, so ID tokens given out earlier
+            // still name their session at logout; it rotates with the session key ring.
+            return try await AssertionSigner(derivingFrom: sessions.keyRing, issuer: issuer)
+        }
+        if configuration.server.signingKey == nil {
+            logger.notice("assertions are signed with a key generated at start; set server.signing_key_file when several instances run")
+        }
+        return try await AssertionSigner(privateKeyPEM: configuration.server.signingKey, issuer: issuer)
+    }
+
+    /// Whether an upstream's sign-ins prove who signed in (OpenID Connect kinds).
+    static func issuesIDTokens(_ upstream: UpstreamSettings) -> Bool {
+        UpstreamRegistry.kinds[upstream.kind]?.decoder.keepsIdentity == true
+    }
+
     /// The relay's cache, resolvers, backend client and signer; `nil` without routes.
-    public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient, logger: Logger)
-        async throws -> RelayServices?
+    public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient,
+                                         signer: AssertionSigner? = nil, logger: Logger) async throws -> RelayServices?
     {
         guard !configuration.routes.isEmpty else { return nil }
-        var signer: AssertionSigner?
-        if configuration.routes.contains(where: { $0.authorization == .assertion }) || configuration.server.signingKey != nil {
-            signer = try await AssertionSigner(privateKeyPEM: configuration.server.signingKey, issuer: configuration.server.publicBaseURL)
-            if configuration.server.signingKey == nil {
-                logger.notice("assertions are signed with a key generated at start; set server.signing_key_file when several instances run")
-            }
-        }
         return RelayServices(
             configuration: configuration, cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries),
             resolvers: configuration.identityResolvers(client: httpClient),

@@ -9,6 +9,8 @@ public struct UpstreamTokenResponse: Sendable {
     public let tokenType: String
     public let refreshToken: Secret?
     public let expiresIn: Int?
+    /// The OpenID Connect ID token, when the upstream sent one (validated by the profile, not here).
+    public let idToken: String?
 
     /// Checks that `body` is a JSON object with a string `access_token` and `token_type`.
     public init(body: Data) throws(OAuthError) {
@@ -25,6 +27,7 @@ public struct UpstreamTokenResponse: Sendable {
         self.accessToken = Secret(accessToken)
         self.tokenType = tokenType
         self.refreshToken = (object["refresh_token"] as? String).map(Secret.init)
+        self.idToken = object["id_token"] as? String
         // Some servers send a number as a string ("3599").
         self.expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
     }

@@ -55,3 +55,70 @@ def test_check_config_accepts_the_shipped_example(tmp_path):
     result = run(BINARY, path)
     assert result.returncode == 0, result.stdout
     assert "OK (1 upstream(s), 2 client(s))" in result.stdout
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def check_franceconnect_example(tmp_path, name, env):
+    keys = tmp_path / f"{name}.keys"
+    if not keys.exists():
+        assert subprocess.run([BINARY, "keys", "generate", "--file", str(keys)], capture_output=True, timeout=30).returncode == 0
+    path = tmp_path / name
+    path.write_text((DEPLOY / name).read_text().replace("/run/credentials/gatehouse.service/session-keys", str(keys)))
+    return run(BINARY, path, env)
+
+
+def test_check_config_accepts_the_franceconnect_v2_example(tmp_path):
+    result = check_franceconnect_example(tmp_path, "franceconnect-v2.example.yaml",
+                                         {"FRANCECONNECT_CLIENT_SECRET": "integration-secret-never-echoed"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK (1 upstream(s), 1 client(s))" in result.stdout
+    assert "integration-secret-never-echoed" not in result.stdout + result.stderr
+
+
+def test_check_config_accepts_the_franceconnect_v1_example(tmp_path):
+    result = check_franceconnect_example(tmp_path, "franceconnect-v1.example.yaml",
+                                         {"FRANCECONNECT_V1_CLIENT_SECRET": "integration-secret-of-32-bytes-never-echoed"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK (1 upstream(s), 1 client(s))" in result.stdout
+
+
+def test_check_config_wants_the_franceconnect_examples_secret(tmp_path):
+    """The examples name their secret's environment variable: without it, they are refused."""
+    env = {name: "" for name in ("FRANCECONNECT_CLIENT_SECRET", "FRANCECONNECT_V1_CLIENT_SECRET")}
+    for name in ("franceconnect-v2.example.yaml", "franceconnect-v1.example.yaml"):
+        result = check_franceconnect_example(tmp_path, name, env)
+        assert result.returncode == 78, result.stdout
+        assert "upstreams[0].client_secret_env" in result.stdout, result.stdout
+
+
+BAD_FRANCECONNECT = """
+server:
+  public_base_url: https://gatehouse.example.com
+store:
+  sqlite_path: ./x.sqlite
+upstreams:
+  - name: fc
+    kind: franceconnect
+    version: v2
+    platform: integration
+    client_id: gatehouse
+    client_secret: inline-franceconnect-secret-never-echoed
+    colour: blue
+clients:
+  - client_id: com.example.app
+    upstream: fc
+    redirect_uris: ["myapp:/cb"]
+    post_logout_redirect_uris: ["myapp:/signed-out"]
+"""
+
+
+def test_check_config_refuses_an_inline_franceconnect_secret_and_an_unknown_key(tmp_path):
+    path = tmp_path / "bad-franceconnect.yaml"
+    path.write_text(BAD_FRANCECONNECT)
+    result = run(BINARY, path)
+    assert result.returncode == 78, result.stdout
+    for expected in ["line 12: upstreams[0].client_secret", "line 13: upstreams[0].colour: is not a known setting"]:
+        assert expected in result.stdout, result.stdout
+    assert "inline-franceconnect-secret-never-echoed" not in result.stdout + result.stderr

@@ -9,7 +9,12 @@ Success paths are checked too, not only refusals:
   at the authorization endpoint;
 - what no generator can draw (a live state at the callback, a live code, a sealed session's and
   a passthrough session's refresh tokens with their own app, their access tokens on the relay)
-  is sent by hand and checked by schemathesis with the same checks, one request at a time.
+  is sent by hand and checked by schemathesis with the same checks, one request at a time;
+- the OpenID Connect endpoints toward the app (/userinfo, /oauth/logout and its callback) are
+  fuzzed on the suite's Gatehouse (whose upstreams are plain OAuth 2.0: 401, 404, 400), and their
+  success paths (userinfo 200, Gatehouse's own ID token, the logout through the upstream's
+  end-session endpoint and back) on a Gatehouse of this module's own in front of the FranceConnect
+  v2 double (Tests/Doubles/franceconnect.py), fuzzed and sent by hand.
 
 The fuzzer's configuration (it holds live tokens) is written to the test's own folder, never to
 a log; output is shown with every known secret replaced (schemathesis masks the Authorization
@@ -18,19 +23,25 @@ header, not a token in a form body).
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import requests
 import schemathesis
 
 from gatelog import fields, request_id_of
-from nativeapp import APP_REDIRECT, App, InAppBrowser, query
+from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
+from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "Tests/Doubles"))
+import franceconnect as fcd  # noqa: E402
+
 SEED = "20261123"
 
 #: Statuses a schema-valid request may get (schemathesis' default for positive_data_acceptance),
@@ -72,8 +83,8 @@ def served_since(gatehouse, mark):
 
 
 def run_schemathesis(gatehouse, seen, config_path, config, *arguments):
-    """Runs `st run` with `config` (TOML) against the live Gatehouse; fails with its report
-    (secrets redacted) unless every check passed. Returns what Gatehouse served meanwhile."""
+    """Runs `st run` with `config` (TOML) against a live Gatehouse (`url`, `lines`); fails with its
+    report (secrets redacted) unless every check passed. Returns what Gatehouse served meanwhile."""
     config_path.touch(mode=0o600)
     config_path.write_text(config)
     st = Path(sys.executable).parent / "st"
@@ -96,6 +107,8 @@ def run_schemathesis(gatehouse, seen, config_path, config, *arguments):
 def test_live_gatehouse_conforms_to_openapi(gatehouse, tokens, seen, tmp_path):
     bearer = tokens.warm("/api/contracts")  # alice's, identity cached: relayed calls succeed
     doomed = live_pairs(gatehouse, seen, "com.example.sealed", 1) + live_pairs(gatehouse, seen, "com.example.app", 1)
+    # A sealed session of a plain OAuth 2.0 upstream: /userinfo knows it, and has no userinfo for it (404).
+    sealed = live_pairs(gatehouse, seen, "com.example.sealed", 1)[0]["access_token"]
     served = run_schemathesis(gatehouse, seen, tmp_path / "whole-api.toml", f"""
 [dictionaries.client_ids]
 values = ["com.example.app", "com.example.sealed"]
@@ -123,12 +136,26 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 [[operations]]
 include-operation-id = "revoke"
 parameters = {{ "body.client_id" = {{ dictionary = "client_ids", probability = 0.9 }}, "body.token" = {{ dictionary = "revocable", probability = 0.9 }} }}
+
+[[operations]]
+include-operation-id = "userinfo"
+headers = {{ Authorization = {json.dumps("Bearer " + sealed)} }}
+
+[[operations]]
+include-operation-id = "logout"
+parameters = {{ "query.client_id" = {{ dictionary = "client_ids", probability = 0.9 }} }}
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+
+[[operations]]
+include-operation-id = "logoutCallback"
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
 """, "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     # The fuzzer must have reached the success paths it can draw. A revocation's 200 is not among
     # them: schemathesis draws form bodies from the dictionaries only now and then (a fresh clone
     # got none in 40 examples), so revocations that succeed are sent by hand, below.
     for success in [("GET", "oauth/authorize", "302"), ("GET", "api/schema", "200"),
-                    ("POST", "api/schema", "200"), ("PATCH", "api/schema", "200"), ("DELETE", "api/schema", "200")]:
+                    ("POST", "api/schema", "200"), ("PATCH", "api/schema", "200"), ("DELETE", "api/schema", "200"),
+                    ("GET", "userinfo", "404"), ("GET", "oauth/logout", "400")]:
         assert served[success] > 0, f"the fuzzer never got {success}: {sorted(served)}"
     assert served[("POST", "oauth/revoke", "401")] + served[("POST", "oauth/revoke", "200")] > 0, sorted(served)
 
@@ -198,8 +225,173 @@ def test_success_paths_with_live_sessions_conform_to_openapi(gatehouse, seen):
             validated("/api/{rest}", method, 200, path_parameters={"rest": rest},
                       headers={"Authorization": f"Bearer {new['access_token']}"}, **body)
         validated("/api/{rest}", "GET", 401, path_parameters={"rest": relay_rest})
+        # /userinfo: a sealed session of a plain OAuth 2.0 upstream holds no userinfo (404); a
+        # passthrough app holds the upstream's token, which is not Gatehouse's (401).
+        bearer = {"Authorization": f"Bearer {new['access_token']}"}
+        validated("/userinfo", "GET", 404 if owner == "com.example.sealed" else 401, headers=bearer)
+        validated("/userinfo", "GET", 401)
         # Revocation: by the other app (no effect), then by the owner.
         validated("/oauth/revoke", "POST", 200, body={"token": new["refresh_token"], "client_id": other})
         validated("/oauth/revoke", "POST", 200, body={"token": new["refresh_token"], "client_id": owner})
         validated("/oauth/token", "POST", 400, body=dict(refresh, refresh_token=new["refresh_token"]))
+        if owner == "com.example.sealed":
+            validated("/userinfo", "GET", 401, headers=bearer)  # the session is over
+    # Logout: no app of this Gatehouse registered a post_logout_redirect_uri, so every logout is an
+    # error page; a logout callback with a state Gatehouse never issued too.
+    for parameters in [{"client_id": "com.example.unknown", "post_logout_redirect_uri": APP_SIGNED_OUT},
+                       {"client_id": "com.example.sealed", "post_logout_redirect_uri": APP_SIGNED_OUT, "state": "s"},
+                       {"client_id": "com.example.app", "post_logout_redirect_uri": APP_REDIRECT}]:
+        for accept in ("application/json", "text/html"):
+            validated("/oauth/logout", "GET", 400, query=parameters, headers={"Accept": accept})
+    for parameters in [{"state": secrets.token_urlsafe(32)}, {}]:
+        validated("/oauth/logout/callback", "GET", 400, query=parameters)
     print(sorted(validated.count.items()))
+
+
+# --------------------------------------------------------------------------- OpenID Connect toward the app
+
+APP_SIGNED_OUT = "com.example.app:/signed-out"
+FC_SCOPES = ["openid", "given_name", "family_name", "birthdate", "gender", "birthplace", "birthcountry"]
+FC_SEALED, FC_PASSTHROUGH, PLAIN = "com.example.fc.sealed", "com.example.fc.passthrough", "com.example.plain"
+
+
+@pytest.fixture(scope="module")
+def fc_gatehouse(workdir, seen):
+    """A FranceConnect v2 double and a Gatehouse of this module's own in front of it (a sealed and
+    a passthrough app), plus a plain OAuth 2.0 upstream whose app logs out without an ID token.
+    Every app registers APP_SIGNED_OUT as its post-logout URI."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, FC_SECRET_SCHEMA=secrets.token_urlsafe(32), PLAIN_SECRET_SCHEMA=secrets.token_urlsafe(32))
+    seen.add(env["FC_SECRET_SCHEMA"], env["PLAIN_SECRET_SCHEMA"], kind="upstream client secret")
+    keys = workdir / "schema-session-keys"
+    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+    seen.add_key_ring(keys)
+    double_config = {"version": "v2", "alg": "ES256", "clients": [{
+        "client_id": "gatehouse-schema", "client_secret_env": "FC_SECRET_SCHEMA", "name": "Gatehouse (schema)",
+        "redirect_uris": [f"{base}/oauth/callback"], "post_logout_redirect_uris": [f"{base}/oauth/logout/callback"]}]}
+
+    def client(client_id, upstream, exposure, scopes):
+        return f"""
+  - client_id: {client_id}
+    upstream: {upstream}
+    token_exposure: {exposure}
+    scopes: [{", ".join(scopes)}]
+    redirect_uris: ["{APP_REDIRECT}"]
+    post_logout_redirect_uris: ["{APP_SIGNED_OUT}"]"""
+
+    with fcd.start(workdir, "schema-fc-double", double_config, env) as double:
+        config = server_and_store(port, f"{workdir}/schema-fc.sqlite") + f"""
+upstreams:{fcd.gatehouse_upstream("fc", double, "gatehouse-schema", "FC_SECRET_SCHEMA")}
+  - name: plain
+    kind: oauth2
+    authorization_endpoint: http://127.0.0.1:{free_port()}/authorize
+    token_endpoint: http://127.0.0.1:{free_port()}/token
+    client_id: gatehouse-plain
+    client_secret_env: PLAIN_SECRET_SCHEMA
+    scopes: [read]
+clients:{client(FC_SEALED, "fc", "sealed", FC_SCOPES)}{client(FC_PASSTHROUGH, "fc", "passthrough", FC_SCOPES)}{client(PLAIN, "plain", "passthrough", ["read"])}
+sessions:
+  encryption_keys_file: {keys}
+"""
+        with run_gatehouse(workdir, "schema-fc-gatehouse", config, env, log_level="debug") as gatehouse:
+            yield {**gatehouse, "url": base, "double": double}
+
+
+def jose_payload(token):
+    import base64
+    segment = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+
+
+def test_openid_success_paths_conform_to_openapi(fc_gatehouse, seen):
+    """Sign-in through FranceConnect (sealed and passthrough), Gatehouse's ID token, /userinfo,
+    and the logout through FranceConnect's /session/end and back, each answer checked by
+    schemathesis against the description."""
+    validated = Validated(fc_gatehouse, seen)
+    base, double = fc_gatehouse["url"], fc_gatehouse["double"]
+    metadata = validated("/.well-known/oauth-authorization-server", "GET", 200).json()
+    assert metadata["jwks_uri"] == base + "/.well-known/jwks.json", metadata
+    assert metadata["id_token_signing_alg_values_supported"] == ["ES256"], metadata
+    assert (metadata["userinfo_endpoint"], metadata["end_session_endpoint"]) == (base + "/userinfo", base + "/oauth/logout")
+    validated("/.well-known/jwks.json", "GET", 200)
+    for owner in (FC_SEALED, FC_PASSTHROUGH):
+        app = App(fc_gatehouse, seen, client_id=owner)
+        nonce = secrets.token_urlsafe(16)
+        started = validated("/oauth/authorize", "GET", 302, query=query(app.authorize_url(scope=" ".join(FC_SCOPES), nonce=nonce)))
+        browser = fcd.Browser(identity=0)
+        to_callback = browser.follow(validated.location(started), base + "/oauth/callback")
+        assert isinstance(to_callback, str), browser.visited
+        back = validated("/oauth/callback", "GET", 302, query=query(to_callback))
+        received = query(validated.location(back))
+        assert "code" in received, received
+        seen.add(received["code"], kind="Gatehouse code")
+        seen.add(app.verifier, kind="app PKCE verifier")
+        pair = validated("/oauth/token", "POST", 200, body={
+            "grant_type": "authorization_code", "code": received["code"], "code_verifier": app.verifier,
+            "redirect_uri": APP_REDIRECT, "client_id": owner}).json()
+        seen.add(*[pair[name] for name in ("access_token", "refresh_token", "id_token") if name in pair], kind=f"{owner} token")
+        bearer = {"Authorization": f"Bearer {pair['access_token']}"}
+        if owner == FC_SEALED:
+            claims = jose_payload(pair["id_token"])
+            assert claims["iss"] == base and claims["aud"] == owner and claims["nonce"] == nonce, claims
+            assert isinstance(claims["iat"], int) and isinstance(claims["exp"], int), claims
+            person = validated("/userinfo", "GET", 200, headers=bearer).json()
+            assert person["sub"] == claims["sub"] == double.identity("gatehouse-schema", 0)["sub"], person
+        else:
+            validated("/userinfo", "GET", 401, headers=bearer)  # FranceConnect's token, not Gatehouse's
+        # The browser logout: Gatehouse, FranceConnect's /session/end, Gatehouse's callback, the app.
+        logout_state = secrets.token_urlsafe(16)
+        validated("/oauth/logout", "GET", 400, query={"client_id": owner, "post_logout_redirect_uri": APP_SIGNED_OUT})
+        out = validated("/oauth/logout", "GET", 302, query={"client_id": owner, "post_logout_redirect_uri": APP_SIGNED_OUT,
+                                                             "state": logout_state, "id_token_hint": pair["id_token"]})
+        toward = validated.location(out)
+        assert toward.startswith(double.issuer + "/session/end?"), toward
+        seen.add(query(toward)["state"], kind="Gatehouse logout state toward the upstream")
+        returned = browser.follow(toward, base + "/oauth/logout/callback")
+        assert isinstance(returned, str), browser.visited
+        home = validated("/oauth/logout/callback", "GET", 302, query=query(returned))
+        assert validated.location(home) == f"{APP_SIGNED_OUT}?state={logout_state}"
+        validated("/oauth/logout/callback", "GET", 400, query=query(returned))  # single use
+        if owner == FC_SEALED:
+            validated("/userinfo", "GET", 401, headers=bearer)  # the session is over
+    # An app of a plain OAuth 2.0 upstream has no ID token to show: straight home, with its state.
+    home = validated("/oauth/logout", "GET", 302, query={"client_id": PLAIN, "post_logout_redirect_uri": APP_SIGNED_OUT,
+                                                          "state": "bye"})
+    assert validated.location(home) == f"{APP_SIGNED_OUT}?state=bye"
+    print(sorted(validated.count.items()))
+
+
+def test_openid_endpoints_fuzzed_with_a_franceconnect_upstream(fc_gatehouse, seen, tmp_path):
+    """The fuzzer on the OpenID endpoints of the FranceConnect Gatehouse, with a live sealed
+    session on /userinfo (200) and registered apps and post-logout URIs drawn at /oauth/logout."""
+    app = App(fc_gatehouse, seen, client_id=FC_SEALED)
+    location = fcd.Browser().follow(app.authorize_url(scope=" ".join(FC_SCOPES)), APP_REDIRECT)
+    assert isinstance(location, str), location
+    code = query(location)["code"]
+    seen.add(code, kind="Gatehouse code")
+    answer = app.redeem(code)
+    assert answer.status_code == 200, answer.text
+    access_token = answer.json()["access_token"]
+    served = run_schemathesis(fc_gatehouse, seen, tmp_path / "openid.toml", f"""
+[dictionaries.client_ids]
+values = {toml_list([FC_SEALED, FC_PASSTHROUGH, PLAIN])}
+
+[dictionaries.post_logout_uris]
+values = [{json.dumps(APP_SIGNED_OUT)}]
+
+[[operations]]
+include-operation-id = "userinfo"
+headers = {{ Authorization = {json.dumps("Bearer " + access_token)} }}
+
+[[operations]]
+include-operation-id = "logout"
+parameters = {{ "query.client_id" = {{ dictionary = "client_ids", probability = 0.9 }}, "query.post_logout_redirect_uri" = {{ dictionary = "post_logout_uris", probability = 0.9 }} }}
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+
+[[operations]]
+include-operation-id = "logoutCallback"
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+""", "--include-tag", "openid", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
+    assert served[("GET", "userinfo", "200")] > 0, sorted(served)
+    assert served[("GET", "oauth/logout", "400")] > 0, sorted(served)

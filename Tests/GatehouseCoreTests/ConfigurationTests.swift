@@ -1,3 +1,4 @@
+import GatehouseUpstreams
 @testable import GatehouseCore
 import Testing
 
@@ -105,5 +106,86 @@ extension ConfigurationTests {
         ]))]))
         let configuration = try GatehouseConfiguration.decode(.mapping(entries, line: line), secrets: Self.secrets)
         #expect(configuration.store.postgres?.tls == expected)
+    }
+}
+
+/// Each kind reads its own settings (`UpstreamRegistry`); these check the presets and the problems.
+extension ConfigurationTests {
+    static func document(upstreamEntries: [(String, ConfigNode)]) -> ConfigNode {
+        map([
+            ("server", map([("public_base_url", scalar("https://gatehouse.example.com"))])),
+            ("store", map([("sqlite_path", scalar("/tmp/g.sqlite"))])),
+            ("upstreams", .sequence([map([("name", scalar("fc")), ("client_id", scalar("gatehouse")),
+                                          ("client_secret_env", scalar("LEGACY_SECRET"))] + upstreamEntries)], line: 0)),
+            ("clients", .sequence([map([
+                ("client_id", scalar("com.example.app")), ("upstream", scalar("fc")), ("token_exposure", scalar("passthrough")),
+                ("redirect_uris", .sequence([scalar("com.example.app:/cb")], line: 0)),
+            ])], line: 0)),
+        ])
+    }
+
+    static func problems(_ document: ConfigNode) -> [String] {
+        do {
+            _ = try GatehouseConfiguration.decode(document, secrets: secrets)
+            return []
+        } catch {
+            return error.problems.map { "\($0.path): \($0.message)" }
+        }
+    }
+
+    @Test func franceConnectV2IntegrationPreset() throws {
+        let configuration = try GatehouseConfiguration.decode(
+            Self.document(upstreamEntries: [("kind", Self.scalar("franceconnect")), ("platform", Self.scalar("integration"))]),
+            secrets: Self.secrets)
+        let upstream = try #require(configuration.upstreams["fc"])
+        let oidc = try #require(upstream.profile as? OIDCSettings)
+        #expect(oidc.issuer == "https://fcp-low.integ01.dev-franceconnect.fr/api/v2")
+        #expect(oidc.endpoints == nil)  // discovery
+        #expect(oidc.algorithm == .es256)
+        #expect(oidc.acrValues == "eidas1")
+        #expect(!oidc.refreshes)
+        #expect(upstream.clientAuthentication == .clientSecretPost)
+        #expect(upstream.scopes == ["openid", "given_name", "family_name", "birthdate", "gender", "birthplace", "birthcountry"])
+        #expect(upstream.identity?.kind == .session)
+    }
+
+    @Test func franceConnectV1NamesTheOriginAsIssuerAndSignsWithTheSecret() throws {
+        let configuration = try GatehouseConfiguration.decode(
+            Self.document(upstreamEntries: [("kind", Self.scalar("franceconnect")), ("version", Self.scalar("v1"))]), secrets: Self.secrets)
+        let oidc = try #require(configuration.upstreams["fc"]?.profile as? OIDCSettings)
+        #expect(oidc.issuer == "https://app.franceconnect.gouv.fr")
+        #expect(oidc.endpoints?.token == "https://app.franceconnect.gouv.fr/api/v1/token")
+        #expect(oidc.endpoints?.endSession == "https://app.franceconnect.gouv.fr/api/v1/logout")
+        #expect(oidc.algorithm == .hs256)
+    }
+
+    @Test func franceConnectV1RefusesAnAsymmetricAlgorithm() {
+        let problems = Self.problems(Self.document(upstreamEntries: [
+            ("kind", Self.scalar("franceconnect")), ("version", Self.scalar("v1")), ("id_token_signing_alg", Self.scalar("ES256")),
+        ]))
+        #expect(problems == ["upstreams[0].id_token_signing_alg: FranceConnect v1 signs ID tokens with HS256 only"])
+    }
+
+    @Test func oidcNeedsTheOpenIDScopeAndAnIssuer() {
+        let problems = Self.problems(Self.document(upstreamEntries: [
+            ("kind", Self.scalar("oidc")), ("scopes", .sequence([Self.scalar("profile")], line: 0)),
+        ]))
+        #expect(problems.contains("upstreams[0].issuer: is required"))
+        #expect(problems.contains("upstreams[0].scopes: must include openid"))
+    }
+
+    @Test func anUnknownKindListsTheKnownOnes() {
+        let problems = Self.problems(Self.document(upstreamEntries: [("kind", Self.scalar("saml"))]))
+        #expect(problems.contains("upstreams[0].kind: must be one of: franceconnect, oauth2, oidc"))
+    }
+
+    @Test func sessionIdentityNeedsAnUpstreamThatVerifiesWhoSignedIn() {
+        let problems = Self.problems(Self.document(upstream: [("identity", Self.map([("kind", Self.scalar("session"))]))]))
+        #expect(problems.contains { $0.hasPrefix("upstreams[0].identity.kind: 'session' needs an upstream") })
+    }
+
+    @Test func aKindsOwnKeyIsUnknownToAnotherKind() {
+        let problems = Self.problems(Self.document(upstream: [("acr_values", Self.scalar("eidas1"))]))
+        #expect(problems == ["upstreams[0].acr_values: is not a known setting"])
     }
 }

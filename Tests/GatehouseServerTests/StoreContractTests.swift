@@ -30,7 +30,7 @@ struct StoreContractTests {
             let now = Date()
             let transaction = AuthorizationTransaction(
                 clientID: "c", redirectURI: "com.example.app:/cb", appState: "s", codeChallenge: "x", scopes: [],
-                upstream: "u", wiring: .callback, upstreamCodeVerifier: nil, expiresAt: now.addingTimeInterval(600))
+                upstream: "u", wiring: .callback, memo: UpstreamMemo(), expiresAt: now.addingTimeInterval(600))
             try await store.insertTransaction(sealed: transaction.sealed(with: "the-state"), stateHash: "s", expiresAt: transaction.expiresAt)
             let results = try await withThrowingTaskGroup(of: Data?.self) { group in
                 for _ in 0..<50 { group.addTask { try await store.consumeTransaction(stateHash: "s", now: now) } }

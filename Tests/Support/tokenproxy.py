@@ -34,6 +34,7 @@ import requests
 
 from gatelog import LogFollower
 from nativeapp import wait_for_line
+from secretsrecord import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -287,10 +288,5 @@ def run_gatehouse(workdir, name, config, env, log_level="info"):
                                        + "\n".join(lines.lines_since(0)[-20:]))
         yield {"process": process, "lines": lines, "config": config_path, "binary": binary, "log": workdir / f"{name}.log"}
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
         log.close()

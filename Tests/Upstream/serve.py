@@ -85,6 +85,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import django
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "Support"))
+from secretsrecord import SecretsRecord  # noqa: E402  (shared with Tests/Doubles/franceconnect.py)
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.conf import settings
@@ -183,20 +186,6 @@ def configure_django(config, db_path, host, quiet):
         },
     )
     django.setup()
-
-
-class SecretsRecord:
-    """Appends {"kind", "value"} JSON lines to the file named by GATEHOUSE_SECRETS_RECORD."""
-
-    def __init__(self, path):
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if path else None
-
-    def add(self, kind, *values):
-        if self.fd is None:
-            return
-        lines = "".join(json.dumps({"kind": kind, "value": value}) + "\n" for value in values if value and isinstance(value, str))
-        if lines:
-            os.write(self.fd, lines.encode())  # one write: lines of concurrent writers never interleave
 
 
 #: Form fields of the token, revocation and introspection endpoints, by the kind of secret they carry.

@@ -5,6 +5,8 @@ public struct AuthorizationRequest: Sendable, Equatable {
     public var state: String
     public var codeChallenge: String
     public var scopes: [String]
+    /// The app's OpenID Connect `nonce`, echoed in the ID token Gatehouse gives it.
+    public var nonce: String? = nil
 }
 
 /// What Gatehouse does with an authorization request.
@@ -21,6 +23,7 @@ extension AuthorizationRequest {
     /// The parameters `/oauth/authorize` reads; others are ignored (RFC 6749 §3.1).
     public static let parameterNames: Set<String> = [
         "response_type", "client_id", "redirect_uri", "scope", "state", "code_challenge", "code_challenge_method",
+        "nonce",
     ]
 
     /// Decides on an authorization request. Client and redirect URI are checked first: until
@@ -67,7 +70,10 @@ extension AuthorizationRequest {
         if let unknown = requested.first(where: { !client.scopes.contains($0) }) {
             return fail(.invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app"))
         }
+        if let nonce = parameters["nonce"], nonce.isEmpty || nonce.utf8.count > 512 {
+            return fail(.invalidRequest("nonce must be 1 to 512 characters"))
+        }
         return .proceed(AuthorizationRequest(clientID: clientID, redirectURI: redirectURI, state: state,
-                                             codeChallenge: challenge, scopes: requested))
+                                             codeChallenge: challenge, scopes: requested, nonce: parameters["nonce"]))
     }
 }

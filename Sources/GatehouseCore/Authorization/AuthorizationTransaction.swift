@@ -13,12 +13,14 @@ public struct AuthorizationTransaction: Sendable, Codable, Equatable {
     public var scopes: [String]
     public var upstream: String
     public var wiring: UpstreamWiring
-    /// Gatehouse's own PKCE verifier toward an upstream that takes PKCE (callback mode).
-    public var upstreamCodeVerifier: String?
+    /// What the upstream's profile must remember between sending the browser and getting it back.
+    public var memo: UpstreamMemo
+    /// The app's own `nonce`, echoed in the ID token Gatehouse gives it.
+    public var appNonce: String?
     public var expiresAt: Date
 
     public init(clientID: String, redirectURI: String, appState: String, codeChallenge: String, scopes: [String],
-                upstream: String, wiring: UpstreamWiring, upstreamCodeVerifier: String?, expiresAt: Date) {
+                upstream: String, wiring: UpstreamWiring, memo: UpstreamMemo, appNonce: String? = nil, expiresAt: Date) {
         self.clientID = clientID
         self.redirectURI = redirectURI
         self.appState = appState
@@ -26,12 +28,75 @@ public struct AuthorizationTransaction: Sendable, Codable, Equatable {
         self.scopes = scopes
         self.upstream = upstream
         self.wiring = wiring
-        self.upstreamCodeVerifier = upstreamCodeVerifier
+        self.memo = memo
+        self.appNonce = appNonce
         self.expiresAt = expiresAt
     }
 }
 
+/// What an upstream profile remembers for one sign-in, sealed with its transaction: Gatehouse's
+/// PKCE verifier, the nonce and ACR it asked for, and the issuer it expects to answer (the
+/// mix-up defence of RFC 9207 and RFC 9700 §4.4).
+public struct UpstreamMemo: Sendable, Codable, Equatable {
+    /// Gatehouse's own PKCE verifier toward the upstream (callback mode).
+    public var codeVerifier: String?
+    /// Relay mode: the app's verifier goes to the upstream (the app's challenge went with the browser).
+    public var forwardsAppVerifier: Bool
+    public var nonce: String?
+    public var acrValues: String?
+    /// The issuer this sign-in was sent to.
+    public var issuer: String?
+    /// Whether that issuer promised `iss` on its authorization responses (RFC 9207 §2.4).
+    public var requiresResponseIssuer: Bool?
+
+    public init(codeVerifier: String? = nil, forwardsAppVerifier: Bool = false, nonce: String? = nil, acrValues: String? = nil,
+                issuer: String? = nil, requiresResponseIssuer: Bool? = nil) {
+        self.requiresResponseIssuer = requiresResponseIssuer
+        self.codeVerifier = codeVerifier
+        self.forwardsAppVerifier = forwardsAppVerifier
+        self.nonce = nonce
+        self.acrValues = acrValues
+        self.issuer = issuer
+    }
+}
+
 extension UpstreamWiring: Codable {}
+
+extension AuthorizationTransaction {
+    private enum CodingKeys: String, CodingKey {
+        case clientID, redirectURI, appState, codeChallenge, scopes, upstream, wiring, memo, appNonce, expiresAt
+        case upstreamCodeVerifier  // written before upstream profiles (memo); read so sign-ins in flight survive an upgrade
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        clientID = try container.decode(String.self, forKey: .clientID)
+        redirectURI = try container.decode(String.self, forKey: .redirectURI)
+        appState = try container.decode(String.self, forKey: .appState)
+        codeChallenge = try container.decode(String.self, forKey: .codeChallenge)
+        scopes = try container.decode([String].self, forKey: .scopes)
+        upstream = try container.decode(String.self, forKey: .upstream)
+        wiring = try container.decode(UpstreamWiring.self, forKey: .wiring)
+        memo = try container.decodeIfPresent(UpstreamMemo.self, forKey: .memo)
+            ?? UpstreamMemo(codeVerifier: try container.decodeIfPresent(String.self, forKey: .upstreamCodeVerifier))
+        appNonce = try container.decodeIfPresent(String.self, forKey: .appNonce)
+        expiresAt = try container.decode(Date.self, forKey: .expiresAt)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(clientID, forKey: .clientID)
+        try container.encode(redirectURI, forKey: .redirectURI)
+        try container.encode(appState, forKey: .appState)
+        try container.encode(codeChallenge, forKey: .codeChallenge)
+        try container.encode(scopes, forKey: .scopes)
+        try container.encode(upstream, forKey: .upstream)
+        try container.encode(wiring, forKey: .wiring)
+        try container.encode(memo, forKey: .memo)
+        try container.encodeIfPresent(appNonce, forKey: .appNonce)
+        try container.encode(expiresAt, forKey: .expiresAt)
+    }
+}
 
 extension AuthorizationTransaction {
     /// The store key of a transaction: the SHA-256 of Gatehouse's `state`, namespaced by wiring,

@@ -12,8 +12,18 @@ public struct IssuedCode: Sendable, Codable, Equatable {
     public var upstream: String
     /// The upstream's token response, as JSON.
     public var tokenResponse: Data
+    /// The verified userinfo claims, exactly as the upstream gave them (OpenID Connect upstreams).
+    public var userinfo: Data?
+    /// The app's `nonce` from its authorization request.
+    public var appNonce: String?
+    /// Who signed in, as the upstream's validated ID token says (OpenID Connect upstreams).
+    public var subject: String?
 
-    public init(clientID: String, redirectURI: String, codeChallenge: String, upstream: String, tokenResponse: Data) {
+    public init(clientID: String, redirectURI: String, codeChallenge: String, upstream: String, tokenResponse: Data,
+                userinfo: Data? = nil, appNonce: String? = nil, subject: String? = nil) {
+        self.subject = subject
+        self.userinfo = userinfo
+        self.appNonce = appNonce
         self.clientID = clientID
         self.redirectURI = redirectURI
         self.codeChallenge = codeChallenge

@@ -2,14 +2,16 @@
 ///
 /// Each mapping remembers the keys that were read; `finish()` reports the others as unknown,
 /// so a misspelt key is an error rather than a setting silently ignored.
-final class ConfigReader {
-    private(set) var problems: [ConfigProblem] = []
+public final class ConfigReader {
+    public private(set) var problems: [ConfigProblem] = []
 
-    func report(_ path: String, _ node: ConfigNode?, _ message: String) {
+    public init() {}
+
+    public func report(_ path: String, _ node: ConfigNode?, _ message: String) {
         problems.append(ConfigProblem(path: path, line: node?.line ?? 0, message: message))
     }
 
-    func mapping(_ node: ConfigNode, at path: String) -> MappingReader? {
+    public func mapping(_ node: ConfigNode, at path: String) -> MappingReader? {
         guard case .mapping(let entries, _) = node else {
             report(path, node, "must be a mapping, found \(node.kindName)")
             return nil
@@ -21,7 +23,7 @@ final class ConfigReader {
         return MappingReader(reader: self, path: path, node: node, entries: entries)
     }
 
-    func list(_ node: ConfigNode, at path: String) -> [(node: ConfigNode, path: String)]? {
+    public func list(_ node: ConfigNode, at path: String) -> [(node: ConfigNode, path: String)]? {
         guard case .sequence(let items, _) = node else {
             report(path, node, "must be a list, found \(node.kindName)")
             return nil
@@ -29,7 +31,7 @@ final class ConfigReader {
         return items.enumerated().map { (node: $0.element, path: "\(path)[\($0.offset)]") }
     }
 
-    func string(_ node: ConfigNode, at path: String) -> String? {
+    public func string(_ node: ConfigNode, at path: String) -> String? {
         guard case .scalar(let value, _) = node else {
             report(path, node, "must be a string, found \(node.kindName)")
             return nil
@@ -39,10 +41,10 @@ final class ConfigReader {
 }
 
 /// The keys of one mapping, read one at a time.
-final class MappingReader {
-    let reader: ConfigReader
-    let path: String
-    let node: ConfigNode
+public final class MappingReader {
+    public let reader: ConfigReader
+    public let path: String
+    public let node: ConfigNode
     private let entries: [(key: String, value: ConfigNode)]
     private var used: Set<String> = []
 
@@ -53,10 +55,10 @@ final class MappingReader {
         self.entries = entries
     }
 
-    func childPath(_ key: String) -> String { path.isEmpty ? key : path + "." + key }
+    public func childPath(_ key: String) -> String { path.isEmpty ? key : path + "." + key }
 
     /// The node under `key`; reports it missing when `required`.
-    func value(_ key: String, required: Bool = false) -> ConfigNode? {
+    public func value(_ key: String, required: Bool = false) -> ConfigNode? {
         used.insert(key)
         guard let found = entries.first(where: { $0.key == key })?.value else {
             if required { reader.report(childPath(key), node, "is required") }
@@ -69,11 +71,11 @@ final class MappingReader {
         return found
     }
 
-    func string(_ key: String, required: Bool = false) -> String? {
+    public func string(_ key: String, required: Bool = false) -> String? {
         value(key, required: required).flatMap { reader.string($0, at: childPath(key)) }
     }
 
-    func bool(_ key: String) -> Bool? {
+    public func bool(_ key: String) -> Bool? {
         guard let node = value(key), let text = reader.string(node, at: childPath(key)) else { return nil }
         switch text {
         case "true": return true
@@ -84,7 +86,7 @@ final class MappingReader {
         }
     }
 
-    func integer(_ key: String, in range: ClosedRange<Int>) -> Int? {
+    public func integer(_ key: String, in range: ClosedRange<Int>) -> Int? {
         guard let node = value(key), let text = reader.string(node, at: childPath(key)) else { return nil }
         guard let number = Int(text), range.contains(number) else {
             reader.report(childPath(key), node, "must be a whole number from \(range.lowerBound) to \(range.upperBound)")
@@ -94,7 +96,7 @@ final class MappingReader {
     }
 
     /// A duration written as `90s`, `500ms`, `10m`, `1h`, `30d` or a bare number of seconds.
-    func duration(_ key: String, in range: ClosedRange<Duration>) -> Duration? {
+    public func duration(_ key: String, in range: ClosedRange<Duration>) -> Duration? {
         guard let node = value(key), let text = reader.string(node, at: childPath(key)) else { return nil }
         guard let duration = Self.parseDuration(text), range.contains(duration) else {
             reader.report(childPath(key), node,
@@ -104,22 +106,22 @@ final class MappingReader {
         return duration
     }
 
-    func stringList(_ key: String, required: Bool = false) -> [String]? {
+    public func stringList(_ key: String, required: Bool = false) -> [String]? {
         guard let node = value(key, required: required),
               let items = reader.list(node, at: childPath(key)) else { return nil }
         return items.compactMap { reader.string($0.node, at: $0.path) }
     }
 
-    func mapping(_ key: String, required: Bool = false) -> MappingReader? {
+    public func mapping(_ key: String, required: Bool = false) -> MappingReader? {
         value(key, required: required).flatMap { reader.mapping($0, at: childPath(key)) }
     }
 
-    func list(_ key: String, required: Bool = false) -> [(node: ConfigNode, path: String)]? {
+    public func list(_ key: String, required: Bool = false) -> [(node: ConfigNode, path: String)]? {
         value(key, required: required).flatMap { reader.list($0, at: childPath(key)) }
     }
 
     /// A value that must be one of a fixed set of words.
-    func choice<Choice: RawRepresentable & CaseIterable>(_ key: String, default fallback: Choice) -> Choice
+    public func choice<Choice: RawRepresentable & CaseIterable>(_ key: String, default fallback: Choice) -> Choice
     where Choice.RawValue == String {
         guard let node = value(key), let text = reader.string(node, at: childPath(key)) else { return fallback }
         guard let choice = Choice(rawValue: text) else {
@@ -131,13 +133,13 @@ final class MappingReader {
     }
 
     /// Reports every key that no one read.
-    func finish() {
+    public func finish() {
         for entry in entries where !used.contains(entry.key) {
             reader.report(childPath(entry.key), entry.value, "is not a known setting")
         }
     }
 
-    static func parseDuration(_ text: String) -> Duration? {
+    public static func parseDuration(_ text: String) -> Duration? {
         let units: [(suffix: String, scale: Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)]
         for unit in units where text.hasSuffix(unit.suffix) {
             guard let number = Double(text.dropLast(unit.suffix.count)), number.isFinite, number >= 0 else { return nil }

@@ -14,9 +14,11 @@ extension GatehouseConfiguration {
     ///
     /// Unknown keys are errors. Secrets are read through `secrets`; a secret written inline
     /// is refused.
-    public static func decode(_ root: ConfigNode, secrets: SecretLookup) throws(ConfigErrors) -> GatehouseConfiguration {
+    public static func decode(_ root: ConfigNode, secrets: SecretLookup, kinds: [String: UpstreamKindDecoder]) throws(ConfigErrors)
+        -> GatehouseConfiguration
+    {
         let reader = ConfigReader()
-        let decoded = decode(root, reader: reader, secrets: secrets)
+        let decoded = decode(root, reader: reader, secrets: secrets, kinds: kinds)
         guard reader.problems.isEmpty, let decoded else {
             throw ConfigErrors(problems: reader.problems.isEmpty
                 ? [ConfigProblem(path: "(document)", line: root.line, message: "is not a valid configuration")]
@@ -25,7 +27,8 @@ extension GatehouseConfiguration {
         return decoded
     }
 
-    private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup) -> GatehouseConfiguration? {
+    private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup,
+                               kinds: [String: UpstreamKindDecoder]) -> GatehouseConfiguration? {
         guard let top = reader.mapping(root, at: "") else { return nil }
         let server = top.mapping("server", required: true).flatMap { decodeServer($0, secrets: secrets) }
         let store = top.mapping("store", required: true).flatMap { decodeStore($0, secrets: secrets) }
@@ -39,7 +42,7 @@ extension GatehouseConfiguration {
                !upstreamNames.insert(name).inserted {
                 reader.report(item.path + ".name", item.node, "'\(name)' is used by another upstream")
             }
-            guard let upstream = decodeUpstream(map, secrets: secrets) else { continue }
+            guard let upstream = decodeUpstream(map, secrets: secrets, kinds: kinds) else { continue }
             upstreams[upstream.name] = upstream
         }
 
@@ -146,27 +149,32 @@ extension GatehouseConfiguration {
                                 tls: tls, caFile: caFile)
     }
 
-    private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup) -> UpstreamSettings? {
+    /// The settings every upstream shares, then the kind's own (`UpstreamKindDecoder`).
+    private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup, kinds: [String: UpstreamKindDecoder]) -> UpstreamSettings? {
         let name = map.string("name", required: true)
-        let kind = map.choice("kind", default: UpstreamKind.oauth2)
-        let authorize = endpoint("authorization_endpoint", in: map)
-        let token = endpoint("token_endpoint", in: map)
+        let kindName = map.string("kind") ?? "oauth2"
+        let kind = kinds[kindName]
+        if kind == nil {
+            map.reader.report(map.childPath("kind"), map.value("kind"), "must be one of: \(kinds.keys.sorted().joined(separator: ", "))")
+        }
         let clientID = map.string("client_id", required: true)
         let secret = decodeSecret(in: map, secrets: secrets)
-        let authentication = map.choice("client_auth", default: ClientAuthentication.clientSecretBasic)
-        let scopes = map.stringList("scopes") ?? []
-        let pkce = map.bool("pkce") ?? false
+        let authentication = map.choice("client_auth", default: kind?.defaultClientAuthentication ?? .clientSecretBasic)
+        let scopes = map.stringList("scopes") ?? kind?.defaultScopes ?? []
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
-        let identity = map.mapping("identity").flatMap(decodeIdentity)
-        let revocation = map.value("revocation_endpoint") == nil ? nil : endpoint("revocation_endpoint", in: map)
+        var identity = map.mapping("identity").flatMap(decodeIdentity) ?? kind?.defaultIdentity
+        if identity?.kind == .session, kind?.keepsIdentity == false {
+            map.reader.report(map.childPath("identity.kind"), map.value("identity"),
+                              "'session' needs an upstream that verifies who signed in (kind oidc or franceconnect)")
+            identity = nil
+        }
         let policy = map.choice("refresh_token_policy", default: RefreshTokenPolicy.singleUse)
+        let profile = kind?.decode(map, scopes)
         map.finish()
-        guard let name, let authorize, let token, let clientID, let secret else { return nil }
+        guard let name, let clientID, let secret, let profile else { return nil }
         return UpstreamSettings(
-            name: name, kind: kind, authorizationEndpoint: authorize, tokenEndpoint: token, clientID: clientID,
-            clientSecret: secret, clientAuthentication: authentication,
-            scopes: scopes, pkce: pkce, revocationEndpoint: revocation, identity: identity, timeout: timeout ?? .seconds(10),
-            refreshTokenPolicy: policy)
+            name: name, kind: kindName, clientID: clientID, clientSecret: secret, clientAuthentication: authentication,
+            scopes: scopes, identity: identity, timeout: timeout ?? .seconds(10), refreshTokenPolicy: policy, profile: profile)
     }
 
     private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
@@ -190,10 +198,19 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("redirect_uris"), map.value("redirect_uris"), "must list at least one redirect URI")
         }
         let scopes = map.stringList("scopes")
+        var postLogout: [RedirectURI] = []
+        for item in map.list("post_logout_redirect_uris") ?? [] {
+            guard let text = map.reader.string(item.node, at: item.path) else { continue }
+            do throws(RedirectURIError) {
+                postLogout.append(try RedirectURI(registering: text))
+            } catch {
+                map.reader.report(item.path, item.node, error.description)
+            }
+        }
         map.finish()
         guard let clientID, let upstreamName, let upstream = upstreams[upstreamName] else { return nil }
         return AppClient(clientID: clientID, upstream: upstreamName, wiring: wiring, tokenExposure: exposure,
-                         redirectURIs: redirects, scopes: scopes ?? upstream.scopes)
+                         redirectURIs: redirects, scopes: scopes ?? upstream.scopes, postLogoutRedirectURIs: postLogout)
     }
 
     private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> Secret? {
@@ -259,7 +276,7 @@ extension GatehouseConfiguration {
         return settings
     }
 
-    static func endpoint(_ key: String, in map: MappingReader) -> String? {
+    public static func endpoint(_ key: String, in map: MappingReader) -> String? {
         guard let text = map.string(key, required: true) else { return nil }
         if let problem = problemWithEndpoint(text) {
             map.reader.report(map.childPath(key), map.value(key), problem)
@@ -269,7 +286,7 @@ extension GatehouseConfiguration {
     }
 
     /// An endpoint is `https://…`, or `http://` on a loopback host (for local set-ups and tests).
-    static func problemWithEndpoint(_ text: String) -> String? {
+    public static func problemWithEndpoint(_ text: String) -> String? {
         let loopbackHosts = ["127.0.0.1", "[::1]", "localhost"]
         let rest: Substring
         if text.hasPrefix("https://") {
@@ -296,5 +313,30 @@ extension String {
         var text = Substring(self)
         while let last = text.last, last == "\n" || last == "\r" { text = text.dropLast() }
         return String(text)
+    }
+}
+
+/// How one kind of upstream reads its own settings (registered by kind in `UpstreamRegistry`).
+public struct UpstreamKindDecoder: Sendable {
+    /// Reads the kind's own keys from the upstream's mapping; `scopes` are the upstream's
+    /// effective scopes. Reports problems on the mapping's reader; `nil` when unusable.
+    public var decode: @Sendable (_ map: MappingReader, _ scopes: [String]) -> (any UpstreamProfileSettings)?
+    /// Scopes asked for when the configuration names none.
+    public var defaultScopes: [String]
+    /// The identity source when the configuration names none.
+    public var defaultIdentity: IdentitySettings?
+    /// Whether the kind verifies who signed in at sign-in (so `identity: {kind: session}` works).
+    public var keepsIdentity: Bool
+    /// How Gatehouse authenticates to the token endpoint when the configuration does not say.
+    public var defaultClientAuthentication: ClientAuthentication
+
+    public init(defaultScopes: [String] = [], defaultIdentity: IdentitySettings? = nil, keepsIdentity: Bool = false,
+                defaultClientAuthentication: ClientAuthentication = .clientSecretBasic,
+                decode: @escaping @Sendable (_ map: MappingReader, _ scopes: [String]) -> (any UpstreamProfileSettings)?) {
+        self.defaultClientAuthentication = defaultClientAuthentication
+        self.decode = decode
+        self.defaultScopes = defaultScopes
+        self.defaultIdentity = defaultIdentity
+        self.keepsIdentity = keepsIdentity
     }
 }

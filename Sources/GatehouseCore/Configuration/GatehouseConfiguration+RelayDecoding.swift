@@ -4,8 +4,8 @@ extension GatehouseConfiguration {
 
     static func decodeIdentity(_ map: MappingReader) -> IdentitySettings? {
         let kind = map.choice("kind", default: IdentitySettings.Kind.personalInformation)
-        let url = map.string(kind == .jwt ? "jwks_url" : "url", required: true)
-        if let url, let problem = problemWithEndpoint(url) {
+        let url = kind == .session ? "" : map.string(kind == .jwt ? "jwks_url" : "url", required: true)
+        if kind != .session, let url, let problem = problemWithEndpoint(url) {
             map.reader.report(map.childPath(kind == .jwt ? "jwks_url" : "url"), map.node, problem)
         }
         var settings = IdentitySettings(kind: kind, url: url ?? "")
@@ -41,7 +41,8 @@ extension GatehouseConfiguration {
             settings.issuer = map.string("issuer", required: true)
             settings.audience = map.string("audience")
             settings.algorithms = map.stringList("algorithms") ?? ["RS256"]
-            let known: Set<String> = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"]
+            // The algorithms the shared JOSE verifier checks (GatehouseUpstreams/JOSE).
+            let known: Set<String> = ["RS256", "ES256"]
             if let bad = settings.algorithms.first(where: { !known.contains($0) }) {
                 map.reader.report(map.childPath("algorithms"), map.value("algorithms"), "'\(bad)' is not an accepted asymmetric algorithm")
             }
@@ -71,10 +72,10 @@ extension GatehouseConfiguration {
                             clients: [String: AppClient]) -> RouteSettings? {
         let prefix = map.string("prefix", required: true)
         if let prefix, !prefix.hasPrefix("/") || prefix.contains("?") || prefix.contains("#") || prefix.contains("..")
-            || prefix.hasPrefix("/oauth") || prefix.hasPrefix("/.well-known") || ["/", "/healthz", "/readyz"].contains(prefix)
+            || prefix.hasPrefix("/oauth") || prefix.hasPrefix("/.well-known") || ["/", "/healthz", "/readyz"].contains(prefix) || prefix.hasPrefix("/userinfo")
         {
             map.reader.report(map.childPath("prefix"), map.value("prefix"),
-                              "must be a path such as /api/contracts, not /, and not under /oauth or /.well-known")
+                              "must be a path such as /api/contracts, not /, and not under /oauth, /userinfo or /.well-known")
         }
         let backend = endpoint("backend", in: map)
         let methods = Set((map.stringList("methods") ?? ["GET", "HEAD"]).map { $0.uppercased() })

@@ -133,26 +133,22 @@ public enum ClientAuthentication: String, Sendable, CaseIterable {
     case clientSecretPost = "client_secret_post"
 }
 
-/// The kinds of upstream Gatehouse speaks to. One folder per kind in GatehouseUpstreams.
-public enum UpstreamKind: String, Sendable, CaseIterable {
-    case oauth2
-}
+/// What one kind of upstream needs beyond the settings every upstream has: its endpoints,
+/// its discovery, its presets. Each kind defines and decodes its own, in its own folder of
+/// GatehouseUpstreams (`UpstreamRegistry` maps the `kind:` word to it).
+public protocol UpstreamProfileSettings: Sendable {}
 
-/// An authorization server Gatehouse is a confidential client of.
+/// An authorization server Gatehouse is a confidential client of: what every kind shares,
+/// and the kind's own settings in `profile`.
 public struct UpstreamSettings: Sendable {
     public var name: String
-    public var kind: UpstreamKind
-    public var authorizationEndpoint: String
-    public var tokenEndpoint: String
+    /// The `kind:` word (`oauth2`, `oidc`, `franceconnect`, …).
+    public var kind: String
     public var clientID: String
     public var clientSecret: Secret
     public var clientAuthentication: ClientAuthentication
     /// Scopes asked for when the app asks for none.
     public var scopes: [String]
-    /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
-    public var pkce: Bool
-    /// RFC 7009 revocation endpoint, where Gatehouse revokes refresh tokens when a session ends.
-    public var revocationEndpoint: String?
     /// How the upstream's access tokens are turned into a caller identity, for relayed routes.
     public var identity: IdentitySettings?
     /// Deadline for one whole exchange with the upstream (connect, send, answer).
@@ -160,25 +156,23 @@ public struct UpstreamSettings: Sendable {
     /// Whether a refresh token may be sent twice (`reusable`) or is spent by its first use
     /// (`single_use`, the default): then a refresh whose outcome is unknown is never retried.
     public var refreshTokenPolicy: RefreshTokenPolicy
+    /// The kind's own settings (endpoints, discovery, presets).
+    public var profile: any UpstreamProfileSettings
 
-    public init(name: String, kind: UpstreamKind = .oauth2, authorizationEndpoint: String, tokenEndpoint: String,
-                clientID: String, clientSecret: Secret,
+    public init(name: String, kind: String, clientID: String, clientSecret: Secret,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
-                pkce: Bool = false, revocationEndpoint: String? = nil, identity: IdentitySettings? = nil,
-                timeout: Duration = .seconds(10), refreshTokenPolicy: RefreshTokenPolicy = .singleUse) {
+                identity: IdentitySettings? = nil, timeout: Duration = .seconds(10), refreshTokenPolicy: RefreshTokenPolicy = .singleUse,
+                profile: any UpstreamProfileSettings) {
         self.name = name
         self.kind = kind
-        self.authorizationEndpoint = authorizationEndpoint
-        self.tokenEndpoint = tokenEndpoint
         self.clientID = clientID
         self.clientSecret = clientSecret
         self.clientAuthentication = clientAuthentication
         self.scopes = scopes
-        self.pkce = pkce
-        self.revocationEndpoint = revocationEndpoint
         self.identity = identity
         self.timeout = timeout
         self.refreshTokenPolicy = refreshTokenPolicy
+        self.profile = profile
     }
 }
 
@@ -244,9 +238,13 @@ public struct AppClient: Sendable {
     public var redirectURIs: [RedirectURI]
     /// Scopes the app may ask for; when it asks for none it gets all of them.
     public var scopes: [String]
+    /// Where `/oauth/logout` may send the browser back to (OpenID Connect RP-Initiated Logout §3).
+    public var postLogoutRedirectURIs: [RedirectURI]
 
     public init(clientID: String, upstream: String, wiring: UpstreamWiring = .callback,
-                tokenExposure: TokenExposure = .sealed, redirectURIs: [RedirectURI], scopes: [String]) {
+                tokenExposure: TokenExposure = .sealed, redirectURIs: [RedirectURI], scopes: [String],
+                postLogoutRedirectURIs: [RedirectURI] = []) {
+        self.postLogoutRedirectURIs = postLogoutRedirectURIs
         self.clientID = clientID
         self.upstream = upstream
         self.wiring = wiring
@@ -258,5 +256,10 @@ public struct AppClient: Sendable {
     /// The registration that matches a presented redirect URI, if any.
     public func registeredRedirect(matching presented: String) -> RedirectURI? {
         redirectURIs.first { $0.matches(presented) }
+    }
+
+    /// The post-logout registration that matches a presented URI, if any.
+    public func registeredPostLogoutRedirect(matching presented: String) -> RedirectURI? {
+        postLogoutRedirectURIs.first { $0.matches(presented) }
     }
 }

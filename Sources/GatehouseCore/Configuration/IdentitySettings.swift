@@ -9,6 +9,9 @@ public struct IdentitySettings: Sendable {
         case userinfo
         /// Local validation of JWT access tokens (RFC 9068) against the upstream's JWKS.
         case jwt
+        /// The userinfo the upstream gave at sign-in, verified and kept in the sealed session
+        /// (OpenID Connect and FranceConnect): no identity call per request.
+        case session
     }
 
     public enum Format: String, Sendable, CaseIterable { case json, xml }
@@ -64,7 +67,7 @@ public struct IdentitySettings: Sendable {
     public var reportsScopes: Bool {
         switch kind {
         case .introspection, .jwt: true
-        case .personalInformation, .userinfo: scopesPath != nil
+        case .personalInformation, .userinfo, .session: scopesPath != nil
         }
     }
 }

@@ -45,6 +45,15 @@ public struct KeyRing: Sendable {
         return (keys[0].id, combined)
     }
 
+    /// 32 bytes derived (HKDF-SHA256) from each key, in the ring's order, for one `purpose`:
+    /// key material of another use that rotates with the ring (Gatehouse's signing keys).
+    public func derivedSecrets(purpose: String) -> [Data] {
+        keys.map { key in
+            HKDF<SHA256>.deriveKey(inputKeyMaterial: key.key, info: Data(purpose.utf8), outputByteCount: 32)
+                .withUnsafeBytes { Data($0) }
+        }
+    }
+
     /// Opens what any key of the ring sealed; throws for an unknown key or a tampered ciphertext.
     public func open(_ sealed: Data, keyID: String, associatedData: String) throws -> Data {
         guard let key = keys.first(where: { $0.id == keyID }) else { throw KeyRingError("no key \(keyID) in the ring") }

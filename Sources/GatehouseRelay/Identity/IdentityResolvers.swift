@@ -11,6 +11,7 @@ extension GatehouseConfiguration {
             case .introspection: return IntrospectionResolver(settings: identity, upstream: upstream, client: client)
             case .userinfo: return UserinfoResolver(settings: identity, client: client)
             case .jwt: return JWTResolver(settings: identity, client: client)
+            case .session: return nil  // read from the sealed session (`SessionIdentity`)
             }
         }
     }

@@ -1,5 +1,6 @@
 public import Foundation
 public import GatehouseCore
+import GatehouseUpstreams
 import Yams
 
 /// Reads the YAML configuration file into `GatehouseConfiguration`.

@@ -60,6 +60,9 @@ struct FastRelayPlanner: Sendable {
             sealed = true
         } else if token.hasPrefix(SessionServices.refreshPrefix) {
             return nil
+        } else if configuration.upstreams[route.upstream]?.identity?.kind == .session {
+            // Such a route knows its callers only through their sealed session.
+            return nil
         }
         guard case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
               admission.authorize(identity) == nil else { return nil }

@@ -17,11 +17,12 @@ extension Gatehouse {
     /// as the fast path (`RelayAdmission`), then the token (sealed sessions refreshed when due),
     /// the caller resolved once (cached), the route's rule, and the relay to the backend, streaming.
     func relay(_ request: Request, context: GatehouseRequestContext, route: RouteSettings) async -> Response {
-        guard let relay, let resolver = relay.resolvers[route.upstream],
-              let identitySettings = configuration.upstreams[route.upstream]?.identity,
+        guard let relay, let identitySettings = configuration.upstreams[route.upstream]?.identity,
               let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
             return .problem(.notFound(), for: request)
         }
+        let resolver = relay.resolvers[route.upstream]
+        guard resolver != nil || identitySettings.kind == .session else { return .problem(.notFound(), for: request) }
         let head = HummingbirdRelayHead(request: request)
         let admission: RelayAdmission
         switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath) {
@@ -56,32 +57,45 @@ extension Gatehouse {
             }
         }
         var resolution: IdentityResolution
-        do {
-            resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
-                                                       negativeTTL: identitySettings.negativeTTL, resolver: resolver)
-            if resolution == .inactive, let sessions, let view = sealedView, view.upstreamExpiresAt == nil {
-                // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
-                // refresh once now rather than send the app to sign in again.
-                let refreshed: SessionServices.SessionView
-                switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
-                case .fresh(let view): refreshed = view
-                case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-                case .unavailable:
-                    // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
-                    var response = Response.problem(.identityUnavailable(), for: request)
-                    response.headers[.retryAfter] = "5"
-                    return response
-                }
-                sessions.views.dropSession(view.sessionID, revoked: false)
-                upstreamToken = refreshed.tokens.accessToken.reveal()
+        if identitySettings.kind == .session {
+            // Who signed in is in the sealed session, verified at sign-in: no identity call.
+            guard let view = sealedView, let userinfo = view.userinfo,
+                  let identity = SessionIdentity.identity(fromUserinfo: userinfo, settings: identitySettings) else {
+                return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+            }
+            resolution = .active(identity)
+            // For the fast path, which finds identities by upstream token.
+            relay.cache.insert(resolution, forToken: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL)
+        } else if let resolver {
+            do {
                 resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                            negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+                if resolution == .inactive, let sessions, let view = sealedView, view.upstreamExpiresAt == nil {
+                    // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
+                    // refresh once now rather than send the app to sign in again.
+                    let refreshed: SessionServices.SessionView
+                    switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
+                    case .fresh(let view): refreshed = view
+                    case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+                    case .unavailable:
+                        // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
+                        var response = Response.problem(.identityUnavailable(), for: request)
+                        response.headers[.retryAfter] = "5"
+                        return response
+                    }
+                    sessions.views.dropSession(view.sessionID, revoked: false)
+                    upstreamToken = refreshed.tokens.accessToken.reveal()
+                    resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
+                                                               negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+                }
+            } catch {
+                logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
+                var response = Response.problem(.identityUnavailable(), for: request)
+                response.headers[.retryAfter] = "5"
+                return response
             }
-        } catch {
-            logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
-            var response = Response.problem(.identityUnavailable(), for: request)
-            response.headers[.retryAfter] = "5"
-            return response
+        } else {
+            return .problem(.notFound(), for: request)
         }
         guard case .active(let identity) = resolution else {
             return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")

@@ -32,25 +32,21 @@ extension Gatehouse {
                                              error: .badUpstream("the app's upstream is not configured"), state: authorization.state))
         }
         let state = SecureToken.generate()
-        let upstreamRedirectURI: String
-        let upstreamVerifier: String?
-        let upstreamChallenge: String?
-        switch client.wiring {
-        case .callback:
-            upstreamRedirectURI = configuration.server.callbackURL
-            upstreamVerifier = upstream.settings.pkce ? SecureToken.generate() : nil
-            upstreamChallenge = upstreamVerifier.map(PKCE.challenge(for:))
-        case .relay:
-            // The upstream sends the browser straight to the app; the app's own challenge
-            // goes upstream when the upstream understands PKCE.
-            upstreamRedirectURI = authorization.redirectURI
-            upstreamVerifier = nil
-            upstreamChallenge = upstream.settings.pkce ? authorization.codeChallenge : nil
+        // Callback mode: the upstream returns to Gatehouse. Relay mode: straight to the app.
+        let upstreamRedirectURI = client.wiring == .callback ? configuration.server.callbackURL : authorization.redirectURI
+        let begun: AuthorizationBegun
+        do throws(OAuthError) {
+            begun = try await upstream.beginAuthorization(AuthorizationStart(
+                state: state, redirectURI: upstreamRedirectURI, scopes: authorization.scopes, wiring: client.wiring,
+                appCodeChallenge: authorization.codeChallenge))
+        } catch {
+            logger.warning("sign-in could not begin", metadata: ["upstream": .string(client.upstream), "error": .string(error.code)])
+            return .redirect(to: appRedirect(authorization.redirectURI, error: Self.authorizationResponseError(error), state: authorization.state))
         }
         let transaction = AuthorizationTransaction(
             clientID: client.clientID, redirectURI: authorization.redirectURI, appState: authorization.state,
             codeChallenge: authorization.codeChallenge, scopes: authorization.scopes, upstream: client.upstream,
-            wiring: client.wiring, upstreamCodeVerifier: upstreamVerifier,
+            wiring: client.wiring, memo: begun.memo, appNonce: authorization.nonce,
             expiresAt: expiry(after: configuration.server.transactionLifetime))
         do {
             try await store.insertTransaction(sealed: transaction.sealed(with: state),
@@ -63,8 +59,7 @@ extension Gatehouse {
         logger.info("authorization transaction begun", metadata: [
             "client_id": .string(client.clientID), "upstream": .string(client.upstream), "wiring": .string(client.wiring.rawValue),
         ])
-        return .redirect(to: upstream.authorizationURL(state: state, redirectURI: upstreamRedirectURI,
-                                                       scopes: authorization.scopes, codeChallenge: upstreamChallenge))
+        return .redirect(to: begun.url)
     }
 
     /// Consumes the transaction of Gatehouse's `state` for one wiring and opens it; `nil` when

@@ -10,7 +10,7 @@ extension Gatehouse {
         let parameters: FormParameters
         do {
             parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8),
-                                            recognizing: ["code", "state", "error", "error_description"])
+                                            recognizing: ["code", "state", "error", "error_description", "iss"])
         } catch {
             return .problem(.badRequest("The sign-in response is malformed: \(error.description)."), for: request)
         }
@@ -28,6 +28,12 @@ extension Gatehouse {
             logger.info("callback with unknown, used or expired state")
             return .problem(.unknownState("This sign-in has expired or was already completed."), for: request)
         }
+        do throws(OAuthError) {
+            try upstream.checkResponseIssuer(parameters["iss"], memo: transaction.memo)
+        } catch {
+            logger.warning("security event: the authorization response names another issuer", metadata: ["upstream": .string(transaction.upstream)])
+            return .redirect(to: appRedirect(transaction.redirectURI, error: error, state: transaction.appState))
+        }
         if let error = parameters["error"] {
             let relayed = OAuthError.fromAuthorizationResponse(code: error, detail: parameters["error_description"])
             logger.info("upstream returned an authorization error", metadata: ["error": .string(relayed.code)])
@@ -38,16 +44,17 @@ extension Gatehouse {
                                              error: .badUpstream("the authorization server returned no code"),
                                              state: transaction.appState))
         }
-        let tokens: UpstreamTokenResponse
+        let grant: UpstreamGrant
         do {
-            tokens = try await upstream.exchangeCode(code, redirectURI: configuration.server.callbackURL,
-                                                     codeVerifier: transaction.upstreamCodeVerifier)
+            grant = try await upstream.completeAuthorization(code: code, redirectURI: configuration.server.callbackURL,
+                                                             memo: transaction.memo, appCodeVerifier: nil)
         } catch {
             return .redirect(to: appRedirect(transaction.redirectURI, error: Self.authorizationResponseError(error),
                                              state: transaction.appState))
         }
         let issued = IssuedCode(clientID: transaction.clientID, redirectURI: transaction.redirectURI,
-                                codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: tokens.json)
+                                codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: grant.tokens.json,
+                                userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
         let gatehouseCode = SecureToken.generate()
         do {
             try await store.insertCode(sealed: try issued.sealed(with: gatehouseCode), codeHash: SecureToken.hash(gatehouseCode),
@@ -64,6 +71,10 @@ extension Gatehouse {
 
     /// On a redirect only `server_error` and `temporarily_unavailable` describe a failed exchange (RFC 6749 §4.1.2.1).
     static func authorizationResponseError(_ error: OAuthError) -> OAuthError {
-        error.status >= 503 ? .upstreamUnavailable(error.detail) : .badUpstream("the authorization server did not accept the sign-in: \(error.detail)")
+        if error.status >= 503 { return .upstreamUnavailable(error.detail) }
+        // An OAuth error of the upstream's own (invalid_grant…) is its refusal; Gatehouse's own
+        // refusals (an ID token that fails a check, a wrong discovery document) say so themselves.
+        return error.code == "server_error" ? .badUpstream(error.detail)
+            : .badUpstream("the authorization server did not accept the sign-in: \(error.detail)")
     }
 }

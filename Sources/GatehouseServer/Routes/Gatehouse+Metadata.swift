@@ -18,7 +18,11 @@ extension Gatehouse {
             code_challenge_methods_supported: ["S256"],
             token_endpoint_auth_methods_supported: ["none"],
             scopes_supported: scopes,
-            authorization_response_iss_parameter_supported: true)
+            authorization_response_iss_parameter_supported: true,
+            userinfo_endpoint: issuer + "/userinfo",
+            end_session_endpoint: issuer + "/oauth/logout",
+            jwks_uri: signer == nil ? nil : issuer + "/.well-known/jwks.json",
+            id_token_signing_alg_values_supported: signer == nil ? nil : ["ES256"])
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "public, max-age=300"
@@ -27,7 +31,7 @@ extension Gatehouse {
 
     /// `GET /.well-known/jwks.json`: the key backends verify Gatehouse's assertions with (RFC 7517).
     func jwks(_ request: Request) -> Response {
-        guard let signer = relay?.signer else { return .problem(.notFound(), for: request) }
+        guard let signer else { return .problem(.notFound(), for: request) }
         var response = Response.json(signer.jwks, status: .ok)
         response.headers[.cacheControl] = "public, max-age=300"
         return response
@@ -62,6 +66,10 @@ struct AuthorizationServerMetadata: Encodable {
     let token_endpoint_auth_methods_supported: [String]
     let scopes_supported: [String]
     let authorization_response_iss_parameter_supported: Bool
+    let userinfo_endpoint: String
+    let end_session_endpoint: String
+    let jwks_uri: String?
+    let id_token_signing_alg_values_supported: [String]?
 }
 
 extension Response {

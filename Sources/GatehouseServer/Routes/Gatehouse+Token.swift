@@ -37,20 +37,21 @@ extension Gatehouse {
         }
     }
 
-    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
+    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
         switch request {
         case .authorizationCode(_, let code, let redirectURI, let codeVerifier, let state):
             switch client.wiring {
             case .callback:
-                let tokens = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
-                return try await exposed(tokens, to: client)
+                let issued = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
+                return try await exposed(SignIn(tokens: issued.tokenResponse, userinfo: issued.userinfo, appNonce: issued.appNonce,
+                                                subject: issued.subject), to: client)
             case .relay:
                 guard let state else {
                     throw .invalidRequest("state is required: this app's upstream returns its code to the app (relay mode)")
                 }
-                let tokens = try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
+                let signIn = try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
                                                           codeVerifier: codeVerifier, upstream: upstream)
-                return try await exposed(tokens, to: client)
+                return try await exposed(signIn, to: client)
             }
         case .refreshToken(_, let refreshToken, let scope):
             switch client.tokenExposure {
@@ -64,21 +65,30 @@ extension Gatehouse {
         }
     }
 
+    /// A completed sign-in on its way to the app: the upstream's token response, the verified
+    /// userinfo, the app's nonce, and who signed in (the validated ID token's `sub`).
+    struct SignIn {
+        let tokens: Data
+        let userinfo: Data?
+        let appNonce: String?
+        let subject: String?
+    }
+
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
-    private func exposed(_ upstreamTokens: Data, to client: AppClient) async throws(OAuthError) -> Data {
+    private func exposed(_ signIn: SignIn, to client: AppClient) async throws(OAuthError) -> Data {
         switch client.tokenExposure {
         case .passthrough:
-            await passthrough.bind(upstreamTokens, to: client)
-            return upstreamTokens
+            await passthrough.bind(signIn.tokens, to: client)
+            return signIn.tokens
         case .sealed:
-            return try await beginSession(client: client, upstreamTokens: upstreamTokens)
+            return try await beginSession(client: client, signIn: signIn)
         }
     }
 
     /// Callback mode: the code is Gatehouse's own; it is consumed before anything is checked,
     /// so a wrong verifier burns it (RFC 6749 §4.1.2: a code is used at most once).
     private func redeemGatehouseCode(_ code: String, client: AppClient, redirectURI: String, codeVerifier: String)
-        async throws(OAuthError) -> Data
+        async throws(OAuthError) -> IssuedCode
     {
         let sealed: Data?
         do {
@@ -96,13 +106,13 @@ extension Gatehouse {
         guard PKCE.verify(codeVerifier: codeVerifier, codeChallenge: issued.codeChallenge) else {
             throw .invalidGrant("code_verifier does not match the code_challenge")
         }
-        return issued.tokenResponse
+        return issued
     }
 
     /// Relay mode: the app holds the upstream's code and Gatehouse's state. The transaction is
     /// consumed and PKCE checked before the code goes anywhere near the upstream.
     private func redeemUpstreamCode(_ code: String, state: String, client: AppClient, redirectURI: String,
-                                    codeVerifier: String, upstream: any UpstreamClient) async throws(OAuthError) -> Data
+                                    codeVerifier: String, upstream: any UpstreamProfile) async throws(OAuthError) -> SignIn
     {
         let transaction: AuthorizationTransaction?
         do {
@@ -120,8 +130,9 @@ extension Gatehouse {
         guard PKCE.verify(codeVerifier: codeVerifier, codeChallenge: transaction.codeChallenge) else {
             throw .invalidGrant("code_verifier does not match the code_challenge")
         }
-        let verifierForUpstream = upstream.settings.pkce ? codeVerifier : nil
-        return try await upstream.exchangeCode(code, redirectURI: redirectURI, codeVerifier: verifierForUpstream).json
+        let grant = try await upstream.completeAuthorization(code: code, redirectURI: redirectURI, memo: transaction.memo,
+                                                             appCodeVerifier: codeVerifier)
+        return SignIn(tokens: grant.tokens.json, userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
     }
 }
 

@@ -12,31 +12,65 @@ extension Gatehouse {
         let expires_in: Int
         let refresh_token: String
         let scope: String?
+        /// Gatehouse's own ID token, for apps of upstreams that prove who signed in.
+        var id_token: String? = nil
     }
 
-    /// Starts a sealed session from an upstream token response: the upstream tokens are sealed
-    /// in the store and the app gets Gatehouse's own pair.
-    func beginSession(client: AppClient, upstreamTokens: Data) async throws(OAuthError) -> Data {
+    /// Starts a sealed session from a completed sign-in: the upstream tokens (and the verified
+    /// userinfo) are sealed in the store and the app gets Gatehouse's own pair, plus Gatehouse's
+    /// own ID token when the upstream proved who signed in.
+    func beginSession(client: AppClient, signIn: SignIn) async throws(OAuthError) -> Data {
         guard let sessions else { throw .serverError("sealed sessions are not configured") }
-        let tokens = try UpstreamTokenResponse(body: upstreamTokens)
+        let tokens = try UpstreamTokenResponse(body: signIn.tokens)
         let sessionID = SecureToken.generate()
         let now = self.now()
+        // Who signed in, as the upstream's validated ID token says: only profiles that validate
+        // ID tokens (OpenID Connect kinds) give one; Gatehouse vouches for nothing else.
+        let provesIdentity = configuration.upstreams[client.upstream].map(GatehouseApplication.issuesIDTokens) == true
+        let subject = provesIdentity ? signIn.subject : nil
         let session: SessionRecord
         do {
-            let (keyID, sealed) = try sessions.settings.keyRing.seal(upstreamTokens, associatedData: sessionID)
+            let document = try SessionServices.sessionDocument(tokens: signIn.tokens, userinfo: signIn.userinfo)
+            let (keyID, sealed) = try sessions.settings.keyRing.seal(document, associatedData: sessionID)
             session = SessionRecord(
-                id: sessionID, clientID: client.clientID, upstream: client.upstream, subject: nil, keyID: keyID, sealedTokens: sealed,
+                id: sessionID, clientID: client.clientID, upstream: client.upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
                 upstreamExpiresAt: tokens.expiresIn.map { now.addingTimeInterval(Double($0)) }, createdAt: now,
                 expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.inSeconds))
             try await sessions.store.insertSession(session)
         } catch {
             throw .serverError("Gatehouse could not record the session")
         }
-        let scope = (try? JSONSerialization.jsonObject(with: upstreamTokens) as? [String: Any])?["scope"] as? String
-        let pair = try await issuePair(sessionID: sessionID, scope: scope, sessions: sessions)
-        await recordSubject(of: session, upstreamAccessToken: tokens.accessToken.reveal(), sessions: sessions)
+        let scope = (try? JSONSerialization.jsonObject(with: signIn.tokens) as? [String: Any])?["scope"] as? String
+        var pair = try await issuePair(sessionID: sessionID, scope: scope, sessions: sessions)
+        if let subject {
+            guard let signer, let handle = try? Self.sessionHandle(for: sessionID, keyRing: sessions.settings.keyRing),
+                  let idToken = try? await signer.idToken(subject: subject, audience: client.clientID, sessionHandle: handle,
+                                                          nonce: signIn.appNonce, lifetime: sessions.settings.accessTokenLifetime) else {
+                throw .serverError("Gatehouse could not sign the ID token")
+            }
+            pair.id_token = idToken
+        } else {
+            await recordSubject(of: session, upstreamAccessToken: tokens.accessToken.reveal(), sessions: sessions)
+        }
         logger.info("sealed session begun", metadata: ["client_id": .string(client.clientID)])
         return JSONCoding.encode(pair)
+    }
+
+    private static let sessionHandlePurpose = "gatehouse id_token sid v1"
+
+    /// The `sid` of Gatehouse's ID tokens: the session id sealed under the session key ring, so
+    /// only Gatehouse can read which session an ID token names.
+    static func sessionHandle(for sessionID: String, keyRing: KeyRing) throws -> String {
+        let (keyID, sealed) = try keyRing.seal(Data(sessionID.utf8), associatedData: sessionHandlePurpose)
+        return keyID + "." + Base64URL.encode(sealed)
+    }
+
+    /// The session id inside a `sid`; `nil` when it is not one Gatehouse sealed.
+    static func sessionID(fromHandle handle: String, keyRing: KeyRing) -> String? {
+        // Split at the last dot: key ids may hold dots, base64url never does.
+        guard let dot = handle.lastIndex(of: "."), let sealed = Base64URL.decode(String(handle[handle.index(after: dot)...])),
+              let opened = try? keyRing.open(sealed, keyID: String(handle[..<dot]), associatedData: sessionHandlePurpose) else { return nil }
+        return String(decoding: opened, as: UTF8.self)
     }
 
     private func issuePair(sessionID: String, scope: String?, sessions: SessionServices) async throws(OAuthError) -> GatehousePair {

@@ -53,7 +53,7 @@ final class PassthroughRefresher: Sendable {
         try await store.passthroughToken(hash: SecureToken.hash(token))?.clientID
     }
 
-    func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
+    func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
         let key = SecureToken.hash(token) + " " + client.clientID + " " + (scope ?? "")
         let result = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
             do throws(OAuthError) {
@@ -65,7 +65,7 @@ final class PassthroughRefresher: Sendable {
         return try result.get()
     }
 
-    private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamClient) async throws(OAuthError) -> Data {
+    private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
         let hash = SecureToken.hash(token)
         let deadline = now().addingTimeInterval(Self.waitLimit)
         var sawAnotherRefresh = false
@@ -119,7 +119,7 @@ final class PassthroughRefresher: Sendable {
     }
 
     private func refreshUnderLease(_ token: String, hash: String, owner: String, boundBefore: Bool, scope: String?, client: AppClient,
-                                   upstream: any UpstreamClient) async throws(OAuthError) -> Data {
+                                   upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
         let fresh: UpstreamTokenResponse
         do throws(OAuthError) {
             fresh = try await upstream.refreshRespectingPolicy(token, scope: scope)

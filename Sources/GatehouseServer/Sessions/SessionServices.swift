@@ -19,9 +19,13 @@ public final class SessionServices: Sendable {
     let views = SessionViewCache()
     let now: @Sendable () -> Date
     private let refreshes = Coalescer<RefreshOutcome>()
+    /// Upstreams whose profile cannot refresh (FranceConnect): their sessions live on Gatehouse's
+    /// own lifetimes and are never refreshed upstream.
+    let nonRefreshingUpstreams: Set<String>
 
     public init(store: any SessionStore & RevocationAnnouncer, settings: SessionSettings, logger: Logger,
-                now: @escaping @Sendable () -> Date = Date.init) {
+                nonRefreshingUpstreams: Set<String> = [], now: @escaping @Sendable () -> Date = Date.init) {
+        self.nonRefreshingUpstreams = nonRefreshingUpstreams
         self.store = store
         self.settings = settings
         self.instanceID = String(SecureToken.generate().prefix(12))
@@ -37,6 +41,21 @@ public final class SessionServices: Sendable {
         let version: Int
         let tokens: UpstreamTokenResponse
         let upstreamExpiresAt: Date?
+        /// The userinfo verified at sign-in, exactly as the upstream gave it (OpenID Connect upstreams).
+        var userinfo: Data? = nil
+    }
+
+    /// The member of a session's sealed document that keeps the verified userinfo (as a string,
+    /// so its bytes survive exactly); the rest is the upstream's token response.
+    static let userinfoMember = "gatehouse_userinfo"
+
+    /// What a session seals: the upstream's token response, plus the verified userinfo.
+    /// The member is Gatehouse's alone: an upstream that sends one has it dropped.
+    static func sessionDocument(tokens: Data, userinfo: Data?) throws -> Data {
+        guard var object = try JSONSerialization.jsonObject(with: tokens) as? [String: Any] else { return tokens }
+        guard userinfo != nil || object[userinfoMember] != nil else { return tokens }
+        object[userinfoMember] = userinfo.map { String(decoding: $0, as: UTF8.self) }
+        return try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
     }
 
     enum RefreshOutcome: Sendable {
@@ -49,22 +68,32 @@ public final class SessionServices: Sendable {
 
     func open(_ session: SessionRecord) throws -> SessionView {
         let json = try settings.keyRing.open(session.sealedTokens, keyID: session.keyID, associatedData: session.id)
+        let userinfo = ((try? JSONSerialization.jsonObject(with: json)) as? [String: Any])?[Self.userinfoMember] as? String
         return SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID, version: session.version,
-                           tokens: try UpstreamTokenResponse(body: json), upstreamExpiresAt: session.upstreamExpiresAt)
+                           tokens: try UpstreamTokenResponse(body: json), upstreamExpiresAt: session.upstreamExpiresAt,
+                           userinfo: userinfo.map { Data($0.utf8) })
     }
 
     /// Due within min(`upstream_refresh_skew`, half the token's lifetime) of its expiry (`RefreshSchedule`).
+    /// Never for an upstream that cannot refresh, nor for a session with no refresh token (its
+    /// upstream access token simply runs out; the session lives on Gatehouse's own lifetimes).
     func needsRefresh(_ view: SessionView, now: Date) -> Bool {
-        RefreshSchedule.isDue(expiresAt: view.upstreamExpiresAt, lifetime: view.tokens.expiresIn.map(Double.init),
+        view.tokens.refreshToken != nil && !nonRefreshingUpstreams.contains(view.upstream) && RefreshSchedule.isDue(expiresAt: view.upstreamExpiresAt, lifetime: view.tokens.expiresIn.map(Double.init),
                               skew: settings.upstreamRefreshSkew, now: now)
     }
 
     /// The upstream access token behind a Gatehouse access token, refreshed first when it is
     /// about to expire. One refresh per session at a time: coalesced here, leased in the store.
-    func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+    func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+        await view(forGatehouseToken: token, refreshing: true, upstreams: upstreams)
+    }
+
+    /// The opened session behind a Gatehouse access token; refreshed first when `refreshing`
+    /// and due, else as it is (`/userinfo` reads what was verified at sign-in, nothing upstream).
+    func view(forGatehouseToken token: String, refreshing: Bool, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         let hash = SecureToken.hash(token)
         let now = self.now()
-        if let cached = views.get(hash, now: now), !needsRefresh(cached, now: now) { return .fresh(cached) }
+        if let cached = views.get(hash, now: now), !refreshing || !needsRefresh(cached, now: now) { return .fresh(cached) }
         let grant: (session: SessionRecord, accessExpiresAt: Date)?
         do {
             grant = try await store.session(forAccessTokenHash: hash, now: now)
@@ -72,7 +101,7 @@ public final class SessionServices: Sendable {
             return .unavailable
         }
         guard let grant, var view = try? open(grant.session) else { return .ended }
-        if needsRefresh(view, now: now) {
+        if refreshing, needsRefresh(view, now: now) {
             switch await refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
             case .fresh(let refreshed): view = refreshed
             case let other: return other
@@ -83,13 +112,13 @@ public final class SessionServices: Sendable {
     }
 
     /// Refreshes a session's upstream tokens once, however many ask at the same time.
-    func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+    func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         await refreshes.run(sessionID) {
             await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
         }
     }
 
-    private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+    private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         let deadline = now().addingTimeInterval(PassthroughRefresher.waitLimit)
         var sawAnotherRefresh = false
         while now() < deadline {
@@ -131,7 +160,7 @@ public final class SessionServices: Sendable {
         return .unavailable
     }
 
-    private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamClient]) async -> RefreshOutcome {
+    private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         guard let upstream = upstreams[session.upstream], let refreshToken = view.tokens.refreshToken else {
             _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: now())
             return .ended
@@ -168,7 +197,7 @@ public final class SessionServices: Sendable {
         // 2. The upstream has spent the old refresh token: never ask it again; store the new pair.
         let expiresAt = fresh.expiresIn.map { now().addingTimeInterval(Double($0)) }
         let refreshed = SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
-                                    version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt)
+                                    version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt, userinfo: view.userinfo)
         for attempt in 1...3 {
             if let written = try? await store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
                                                                   sealed: sealed, upstreamExpiresAt: expiresAt) {
@@ -198,7 +227,7 @@ public final class SessionServices: Sendable {
     /// Ends a session everywhere: in the store, in this instance's caches, in every other
     /// instance's (announced through the store), and its refresh token at the upstream.
     /// Throws, having done nothing else, when the store cannot record the revocation.
-    public func end(_ session: SessionRecord, upstreams: [String: any UpstreamClient], identityCache: IdentityCache?) async throws {
+    public func end(_ session: SessionRecord, upstreams: [String: any UpstreamProfile], identityCache: IdentityCache?) async throws {
         try await store.revokeSession(id: session.id, now: now())
         views.dropSession(session.id, now: now())
         let view = try? open(session)
@@ -215,11 +244,14 @@ public final class SessionServices: Sendable {
         await store.announce(.identity(key), logger: logger)
     }
 
-    /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old one.
+    /// An upstream that does not rotate refresh tokens leaves `refresh_token` out: keep the old
+    /// one; so too the ID token (needed for logout) and the userinfo verified at sign-in.
     static func merge(_ fresh: Data, keepingRefreshTokenOf old: Data) throws -> Data {
         guard var object = try JSONSerialization.jsonObject(with: fresh) as? [String: Any] else { return fresh }
-        if object["refresh_token"] == nil, let previous = (try? JSONSerialization.jsonObject(with: old) as? [String: Any])?["refresh_token"] {
-            object["refresh_token"] = previous
+        let previous = (try? JSONSerialization.jsonObject(with: old)) as? [String: Any] ?? [:]
+        object[userinfoMember] = nil  // Gatehouse's own member: never the upstream's word
+        for member in ["refresh_token", "id_token", userinfoMember] where object[member] == nil {
+            object[member] = previous[member]
         }
         return try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
     }

@@ -2,93 +2,74 @@ public import AsyncHTTPClient
 import Foundation
 public import GatehouseCore
 public import Logging
-import NIOCore
-import NIOHTTP1
+
+/// The `oauth2` kind's own settings: a plain OAuth 2.0 server's endpoints.
+public struct OAuth2Settings: UpstreamProfileSettings {
+    public var authorizationEndpoint: String
+    public var tokenEndpoint: String
+    /// RFC 7009 revocation endpoint, where Gatehouse revokes refresh tokens when a session ends.
+    public var revocationEndpoint: String?
+    /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
+    public var pkce: Bool
+
+    public init(authorizationEndpoint: String, tokenEndpoint: String, revocationEndpoint: String? = nil, pkce: Bool = false) {
+        self.authorizationEndpoint = authorizationEndpoint
+        self.tokenEndpoint = tokenEndpoint
+        self.revocationEndpoint = revocationEndpoint
+        self.pkce = pkce
+    }
+}
 
 /// The `oauth2` profile: a plain OAuth 2.0 server that requires a client secret
 /// (`client_secret_basic` or `client_secret_post`) and may burn refresh tokens after one use.
-public struct OAuth2Upstream: UpstreamClient {
+public struct OAuth2Upstream: UpstreamProfile {
     public let settings: UpstreamSettings
-    private let httpClient: HTTPClient
-    private let logger: Logger
-
-    /// Largest token response read from an upstream.
-    static let maximumResponseBytes = 256 * 1024
+    public let oauth2: OAuth2Settings
+    private let http: UpstreamHTTP
 
     public init(settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger) {
         self.settings = settings
-        self.httpClient = httpClient
-        self.logger = logger
-    }
-
-    public func authorizationURL(state: String, redirectURI: String, scopes: [String], codeChallenge: String?) -> String {
-        var parameters = [
-            ("response_type", "code"), ("client_id", settings.clientID), ("redirect_uri", redirectURI), ("state", state),
-        ]
-        if !scopes.isEmpty { parameters.append(("scope", scopes.joined(separator: " "))) }
-        if let codeChallenge {
-            parameters.append(("code_challenge", codeChallenge))
-            parameters.append(("code_challenge_method", PKCE.method))
+        guard let oauth2 = settings.profile as? OAuth2Settings else {
+            preconditionFailure("an oauth2 upstream without OAuth2Settings")
         }
-        return RedirectURI.appending(parameters, to: settings.authorizationEndpoint)
+        self.oauth2 = oauth2
+        self.http = UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger)
     }
 
-    public func exchangeCode(_ code: String, redirectURI: String, codeVerifier: String?) async throws(OAuthError) -> UpstreamTokenResponse {
-        var form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURI)]
-        if let codeVerifier { form.append(("code_verifier", codeVerifier)) }
-        return try await tokenRequest(form, purpose: "code exchange")
+    static let kind = UpstreamRegistry.Kind(
+        decoder: UpstreamKindDecoder { map, _ in
+            let authorize = GatehouseConfiguration.endpoint("authorization_endpoint", in: map)
+            let token = GatehouseConfiguration.endpoint("token_endpoint", in: map)
+            let revocation = map.value("revocation_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("revocation_endpoint", in: map)
+            let pkce = map.bool("pkce") ?? false
+            guard let authorize, let token else { return nil }
+            return OAuth2Settings(authorizationEndpoint: authorize, tokenEndpoint: token, revocationEndpoint: revocation, pkce: pkce)
+        },
+        make: { OAuth2Upstream(settings: $0, httpClient: $1, logger: $2) })
+
+    public func beginAuthorization(_ start: AuthorizationStart) async throws(OAuthError) -> AuthorizationBegun {
+        var memo = UpstreamMemo()
+        var parameters = [
+            ("response_type", "code"), ("client_id", settings.clientID), ("redirect_uri", start.redirectURI), ("state", start.state),
+        ]
+        if !start.scopes.isEmpty { parameters.append(("scope", start.scopes.joined(separator: " "))) }
+        if oauth2.pkce { parameters += start.pkceParameters(remembering: &memo) }
+        return AuthorizationBegun(url: RedirectURI.appending(parameters, to: oauth2.authorizationEndpoint), memo: memo)
+    }
+
+    public func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
+        async throws(OAuthError) -> UpstreamGrant
+    {
+        UpstreamGrant(tokens: try await http.exchangeCode(url: oauth2.tokenEndpoint, code: code, redirectURI: redirectURI, memo: memo,
+                                                          appCodeVerifier: appCodeVerifier))
     }
 
     public func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
-        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
-        if let scope { form.append(("scope", scope)) }
-        return try await tokenRequest(form, purpose: "refresh")
+        try await http.refresh(url: oauth2.tokenEndpoint, refreshToken: refreshToken, scope: scope)
     }
 
     public func revoke(_ token: String, hint: String) async {
-        guard let endpoint = settings.revocationEndpoint else { return }
-        let request = settings.authenticatedForm(url: endpoint, [("token", token), ("token_type_hint", hint)])
-        do {
-            let (status, _) = try await exchange(request)
-            if status != .ok {
-                logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
-            }
-        } catch {
-            logger.warning("upstream revocation failed", metadata: ["upstream": .string(settings.name)])
-        }
-    }
-
-    private func tokenRequest(_ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
-        let request = settings.authenticatedForm(url: settings.tokenEndpoint, parameters)
-        let status: HTTPResponseStatus
-        let bytes: ByteBuffer
-        do {
-            (status, bytes) = try await exchange(request)
-        } catch {
-            let mapped = UpstreamFailure.classify(error, upstream: settings.name)
-            logger.warning("upstream \(purpose) failed", metadata: [
-                "upstream": .string(settings.name), "error": .string(mapped.code), "reason": .string(mapped.detail),
-            ])
-            throw mapped
-        }
-        let data = Data(bytes.readableBytesView)
-        do throws(OAuthError) {
-            return try UpstreamFailure.interpret(status: Int(status.code), body: data)
-        } catch {
-            logger.warning("upstream \(purpose) refused", metadata: [
-                "upstream": .string(settings.name), "status": .stringConvertible(status.code), "error": .string(error.code),
-            ])
-            throw error
-        }
-    }
-
-    /// One request to the upstream and its whole answer, within the upstream's `timeout`
-    /// (AsyncHTTPClient's own deadline stops at the response head).
-    private func exchange(_ request: HTTPClientRequest) async throws -> (HTTPResponseStatus, ByteBuffer) {
-        let (httpClient, timeout) = (self.httpClient, settings.timeout)
-        return try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
-            return (response.status, try await response.body.collect(upTo: Self.maximumResponseBytes))
-        }
+        guard let endpoint = oauth2.revocationEndpoint else { return }
+        await http.revoke(url: endpoint, token: token, hint: hint)
     }
 }

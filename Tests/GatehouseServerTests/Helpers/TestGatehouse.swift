@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Foundation
 import GatehouseCore
 import GatehouseServer
@@ -15,30 +16,36 @@ final class ManualClock: Sendable {
     func advance(seconds: TimeInterval) { current.withLock { $0 += seconds } }
 }
 
-/// An upstream that answers what the test scripted and records what it was asked.
+/// An upstream that answers what the test scripted and records what it was asked; the
+/// authorize URL and what the transaction remembers are the real `oauth2` profile's.
 /// In-process tests only: the end-to-end suite talks to a real authorization server.
-final class ScriptedUpstream: UpstreamClient {
+final class ScriptedUpstream: UpstreamProfile {
     let settings: UpstreamSettings
+    private let profile: OAuth2Upstream
     private let script: Mutex<Result<Data, OAuthError>>
     private let calls = Mutex<[String]>([])
 
     init(settings: UpstreamSettings, answer: Result<Data, OAuthError>) {
         self.settings = settings
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        self.profile = OAuth2Upstream(settings: settings, httpClient: .shared, logger: logger)
         self.script = Mutex(answer)
     }
 
     var recordedCalls: [String] { calls.withLock { $0 } }
     func answer(with result: Result<Data, OAuthError>) { script.withLock { $0 = result } }
 
-    func authorizationURL(state: String, redirectURI: String, scopes: [String], codeChallenge: String?) -> String {
-        var parameters = [("state", state), ("redirect_uri", redirectURI)]
-        if let codeChallenge { parameters.append(("code_challenge", codeChallenge)) }
-        return RedirectURI.appending(parameters, to: settings.authorizationEndpoint)
+    func beginAuthorization(_ start: AuthorizationStart) async throws(OAuthError) -> AuthorizationBegun {
+        try await profile.beginAuthorization(start)
     }
 
-    func exchangeCode(_ code: String, redirectURI: String, codeVerifier: String?) async throws(OAuthError) -> UpstreamTokenResponse {
-        calls.withLock { $0.append("code:\(code):\(codeVerifier ?? "-")") }
-        return try UpstreamTokenResponse(body: script.withLock { $0 }.get())
+    func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
+        async throws(OAuthError) -> UpstreamGrant
+    {
+        let verifier = memo.forwardsAppVerifier ? appCodeVerifier : memo.codeVerifier
+        calls.withLock { $0.append("code:\(code):\(verifier ?? "-")") }
+        return UpstreamGrant(tokens: try UpstreamTokenResponse(body: script.withLock { $0 }.get()))
     }
 
     func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
@@ -66,9 +73,10 @@ struct TestGatehouse {
 
     static func make(pkce: Bool = false, grace: Duration = .seconds(30), policy: RefreshTokenPolicy = .singleUse) async throws -> TestGatehouse {
         let settings = UpstreamSettings(
-            name: "legacy", authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
-            clientID: "gatehouse", clientSecret: Secret("upstream-secret"),
-            scopes: ["read"], pkce: pkce, refreshTokenPolicy: policy)
+            name: "legacy", kind: "oauth2", clientID: "gatehouse", clientSecret: Secret("upstream-secret"),
+            scopes: ["read"], refreshTokenPolicy: policy,
+            profile: OAuth2Settings(authorizationEndpoint: "https://as.example.com/authorize", tokenEndpoint: "https://as.example.com/token",
+                                    pkce: pkce))
         let callbackClient = AppClient(clientID: "com.example.app", upstream: "legacy", tokenExposure: .passthrough,
                                        redirectURIs: [try RedirectURI(registering: "com.example.app:/cb")], scopes: ["read"])
         let relayClient = AppClient(clientID: "com.example.relay", upstream: "legacy", wiring: .relay, tokenExposure: .passthrough,

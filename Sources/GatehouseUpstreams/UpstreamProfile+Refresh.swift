@@ -1,6 +1,6 @@
 public import GatehouseCore
 
-extension UpstreamClient {
+extension UpstreamProfile {
     /// A refresh with retries that respect `refresh_token_policy`: a request that provably never
     /// reached the upstream (no connection) or that the upstream declined unread (429, 503) is
     /// retried twice, with backoff and jitter; a request whose fate is unknown (a timeout, a reset
