@@ -158,10 +158,19 @@ def signed_in(fc, seen, client_id, identity=0, nonce=None):
     return app, browser, answer.json()
 
 
-def logout_url(fc, client_id, state, id_token_hint):
-    """Gatehouse's RP-initiated logout for an app, back to its registered post-logout URI."""
-    return fc["url"] + "/oauth/logout?" + urlencode({"client_id": client_id, "post_logout_redirect_uri": APP_SIGNED_OUT,
-                                                     "state": state, "id_token_hint": id_token_hint})
+def begin_logout(fc, double, browser, seen, client_id, id_token_hint):
+    """Gatehouse's RP-initiated logout for an app, up to the redirect toward FranceConnect's
+    /session/end: (the app's logout state, that redirect, its query)."""
+    logout_state = secrets.token_urlsafe(16)
+    url = fc["url"] + "/oauth/logout?" + urlencode({"client_id": client_id, "post_logout_redirect_uri": APP_SIGNED_OUT,
+                                                     "state": logout_state, "id_token_hint": id_token_hint})
+    first = browser.session.get(url, allow_redirects=False, timeout=10)
+    assert first.status_code == 302, first.text
+    toward = first.headers["Location"]
+    assert toward.startswith(double.issuer + "/session/end?"), toward
+    asked = query(toward)
+    seen.add(asked.get("state"), kind="Gatehouse logout state toward the upstream")
+    return logout_state, toward, asked
 
 
 def gatehouse_jwks(fc):
@@ -297,14 +306,7 @@ def test_passthrough_sign_in_hands_on_franceconnects_token_response_as_it_was(fc
     assert header["alg"] == "ES256" and claims["iss"] == double.issuer and claims["aud"] == FS_CLIENT["fc"]
 
     # Logout with FranceConnect's own ID token as the hint.
-    logout_state = secrets.token_urlsafe(16)
-    url = logout_url(fc, PASSTHROUGH, logout_state, tokens["id_token"])
-    first = browser.session.get(url, allow_redirects=False, timeout=10)
-    assert first.status_code == 302, first.text
-    toward = first.headers["Location"]
-    assert toward.startswith(double.issuer + "/session/end?"), toward
-    asked = query(toward)
-    seen.add(asked.get("state"), kind="Gatehouse logout state toward the upstream")
+    logout_state, toward, asked = begin_logout(fc, double, browser, seen, PASSTHROUGH, tokens["id_token"])
     same_hint = asked["id_token_hint"] == tokens["id_token"]
     assert same_hint, "the hint toward FranceConnect is not the ID token it gave"
     assert asked["post_logout_redirect_uri"] == fc["url"] + "/oauth/logout/callback"
@@ -376,14 +378,7 @@ def test_sealed_logout_goes_through_franceconnect_and_back(fc, seen):
     app, browser, tokens = signed_in(fc, seen, SEALED, identity=0)
     assert browser.cookie(), "FranceConnect set no session cookie"
     person = double.identity(FS_CLIENT["fc"], 0)
-    logout_state = secrets.token_urlsafe(16)
-    url = logout_url(fc, SEALED, logout_state, tokens["id_token"])
-    first = browser.session.get(url, allow_redirects=False, timeout=10)
-    assert first.status_code == 302, first.text
-    toward = first.headers["Location"]
-    assert toward.startswith(double.issuer + "/session/end?"), toward
-    asked = query(toward)
-    seen.add(asked.get("state"), kind="Gatehouse logout state toward the upstream")
+    logout_state, toward, asked = begin_logout(fc, double, browser, seen, SEALED, tokens["id_token"])
     assert set(asked) >= {"id_token_hint", "state", "post_logout_redirect_uri"}, sorted(asked)
     assert asked["post_logout_redirect_uri"] == fc["url"] + "/oauth/logout/callback"
     assert len(asked["state"]) == 43 and asked["state"] != logout_state

@@ -51,9 +51,7 @@ extension Gatehouse {
             case .fresh, .ended:
                 return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
             case .unavailable:
-                var response = Response.problem(.identityUnavailable(), for: request)
-                response.headers[.retryAfter] = "5"
-                return response
+                return .unavailable(.identityUnavailable(), for: request)
             }
         }
         var resolution: IdentityResolution
@@ -79,9 +77,7 @@ extension Gatehouse {
                     case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
                     case .unavailable:
                         // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
-                        var response = Response.problem(.identityUnavailable(), for: request)
-                        response.headers[.retryAfter] = "5"
-                        return response
+                        return .unavailable(.identityUnavailable(), for: request)
                     }
                     sessions.views.dropSession(view.sessionID, revoked: false)
                     upstreamToken = refreshed.tokens.accessToken.reveal()
@@ -90,9 +86,7 @@ extension Gatehouse {
                 }
             } catch {
                 logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
-                var response = Response.problem(.identityUnavailable(), for: request)
-                response.headers[.retryAfter] = "5"
-                return response
+                return .unavailable(.identityUnavailable(), for: request)
             }
         } else {
             return .problem(.notFound(), for: request)

@@ -34,6 +34,13 @@ extension Response {
         return Response(status: .found, headers: headers)
     }
 
+    /// A 503 problem with `Retry-After`: nothing was decided, the caller may simply try again.
+    static func unavailable(_ problem: GatehouseProblem, for request: Request) -> Response {
+        var response = Response.problem(problem, for: request)
+        response.headers[.retryAfter] = "5"
+        return response
+    }
+
     /// An RFC 9457 problem, as `application/problem+json`, or as an HTML page for a browser.
     static func problem(_ problem: GatehouseProblem, for request: Request, allow: [HTTPRequest.Method] = [],
                         signIn: ProblemBody.SignIn? = nil) -> Response {

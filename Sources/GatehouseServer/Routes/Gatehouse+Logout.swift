@@ -46,14 +46,14 @@ extension Gatehouse {
             do {
                 session = try await sessions.store.session(id: sessionID)
             } catch {
-                return Self.storeUnavailable(request)
+                return .unavailable(.storeUnavailable(), for: request)
             }
             if let session, session.clientID == clientID, session.isLive(at: now()) {
                 upstreamIDToken = (try? sessions.open(session))?.tokens.idToken
                 do {
                     try await endSession(session, sessions: sessions)
                 } catch {
-                    return Self.storeUnavailable(request)
+                    return .unavailable(.storeUnavailable(), for: request)
                 }
                 logger.info("session ended by logout", metadata: ["client_id": .string(clientID)])
             } else {
@@ -63,9 +63,7 @@ extension Gatehouse {
             do throws(OAuthError) {
                 _ = try await upstream.verifyIDTokenHint(hint)
             } catch where error.status >= 503 {
-                var response = Response.problem(.identityUnavailable(), for: request)
-                response.headers[.retryAfter] = "5"
-                return response
+                return .unavailable(.identityUnavailable(), for: request)
             } catch {
                 return .problem(.badRequest("id_token_hint is not an ID token of this app's upstream."), for: request)
             }
@@ -88,7 +86,7 @@ extension Gatehouse {
             try await store.insertTransaction(sealed: try pending.sealed(with: state), stateHash: PendingLogout.storeKey(state: state),
                                               expiresAt: expiry(after: configuration.server.transactionLifetime))
         } catch {
-            return Self.storeUnavailable(request)
+            return .unavailable(.storeUnavailable(), for: request)
         }
         return .redirect(to: endSession)
     }
@@ -104,22 +102,13 @@ extension Gatehouse {
         do {
             sealed = try await store.consumeTransaction(stateHash: PendingLogout.storeKey(state: state), now: now())
         } catch {
-            return Self.storeUnavailable(request)
+            return .unavailable(.storeUnavailable(), for: request)
         }
         guard let sealed, let pending = try? PendingLogout.unsealed(sealed, with: state) else {
             logger.notice("logout callback with an unknown, used or expired state")
             return .problem(.unknownState("This logout has expired, was already completed, or was not begun here."), for: request)
         }
         return .redirect(to: RedirectURI.appending(pending.appState.map { [("state", $0)] } ?? [], to: pending.postLogoutRedirectURI))
-    }
-}
-
-extension Gatehouse {
-    /// 503 with `Retry-After`: nothing was ended, the app may simply try again.
-    static func storeUnavailable(_ request: Request) -> Response {
-        var response = Response.problem(.storeUnavailable(), for: request)
-        response.headers[.retryAfter] = "5"
-        return response
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import GatehouseCore
+import GatehouseRelay
 import Hummingbird
 import HTTPTypes
 import NIOCore
@@ -10,11 +11,12 @@ extension Gatehouse {
     /// its payload). No upstream call: FranceConnect's access token is long dead by then.
     func userinfo(_ request: Request) async -> Response {
         let values = request.headers[values: .authorization]
+        // No Bearer credentials at all: a bare challenge (RFC 6750 §3.1); a Bearer token that is
+        // not a live Gatehouse access token: invalid_token.
         guard values.count == 1, let value = values.first, value.count > 7, value.prefix(7).lowercased() == "bearer " else {
             return Self.bearerChallenge(request, error: nil, detail: "A Gatehouse access token is required (Authorization: Bearer).")
         }
-        let token = String(value.dropFirst(7)).trimmingCharacters(in: .whitespaces)
-        guard let sessions, token.hasPrefix(SessionServices.accessPrefix) else {
+        guard let token = RelayAdmission.bearerToken(values), let sessions, token.hasPrefix(SessionServices.accessPrefix) else {
             return Self.bearerChallenge(request, error: "invalid_token", detail: "The access token is invalid, expired or revoked.")
         }
         switch await sessions.view(forGatehouseToken: token, refreshing: false, upstreams: upstreams) {
@@ -29,7 +31,7 @@ extension Gatehouse {
         case .ended:
             return Self.bearerChallenge(request, error: "invalid_token", detail: "The access token is invalid, expired or revoked.")
         case .unavailable:
-            return Self.storeUnavailable(request)
+            return .unavailable(.storeUnavailable(), for: request)
         }
     }
 

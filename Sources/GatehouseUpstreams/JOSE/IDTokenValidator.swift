@@ -57,14 +57,12 @@ public enum IDTokenValidator {
         return try check(verified, expecting: expected)
     }
 
-    /// The claim checks, on a JWS whose signature was verified.
-    public static func check(_ verified: VerifiedJWS, expecting expected: IDTokenExpectations) throws(JOSEError) -> IDTokenClaims {
-        let claims = verified.claims
-
-        guard let issuer = claims["iss"]?.stringValue, issuer == expected.issuer else {
+    /// `iss` is the upstream's issuer and `aud` (a string or an array of strings) names Gatehouse's
+    /// client_id: what makes an ID token one the upstream issued to Gatehouse. Returns the audiences.
+    public static func issuerAndAudiences(_ claims: [String: JSONValue], issuer: String, clientID: String) throws(JOSEError) -> [String] {
+        guard let named = claims["iss"]?.stringValue, named == issuer else {
             throw JOSEError(check: "iss", detail: "the ID token's iss is not the upstream's issuer")
         }
-
         let audiences: [String]
         switch claims["aud"] {
         case .string(let audience)?:
@@ -77,9 +75,17 @@ public enum IDTokenValidator {
         default:
             throw JOSEError(check: "aud", detail: "the ID token has no aud")
         }
-        guard audiences.contains(expected.clientID) else {
+        guard audiences.contains(clientID) else {
             throw JOSEError(check: "aud", detail: "the ID token's aud does not name Gatehouse's client_id")
         }
+        return audiences
+    }
+
+    /// The claim checks, on a JWS whose signature was verified.
+    public static func check(_ verified: VerifiedJWS, expecting expected: IDTokenExpectations) throws(JOSEError) -> IDTokenClaims {
+        let claims = verified.claims
+
+        let audiences = try issuerAndAudiences(claims, issuer: expected.issuer, clientID: expected.clientID)
         let azp = claims["azp"]
         if let azp, azp.stringValue != expected.clientID {
             throw JOSEError(check: "azp", detail: "the ID token's azp is not Gatehouse's client_id")

@@ -69,7 +69,6 @@ public actor JWKSCache {
     private var keys: [Key]?
     /// Every `kid` of the last set, including keys Gatehouse does not verify with.
     private var knownIDs: Set<String> = []
-    private var lastFetch: ContinuousClock.Instant?
     private var lastUnknownKeyRefetch: ContinuousClock.Instant?
     private var inFlight: Task<JOSEError?, Never>?
     /// HTTP requests made to the key set endpoint so far (retries included).
@@ -133,7 +132,6 @@ public actor JWKSCache {
         if let inFlight {
             task = inFlight
         } else {
-            lastFetch = .now
             task = Task { await self.download() }
             inFlight = task
         }

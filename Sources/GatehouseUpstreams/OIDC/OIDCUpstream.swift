@@ -140,10 +140,8 @@ public struct OIDCUpstream: UpstreamProfile {
             if error.unavailable { throw Self.mapped(error, what: "ID token") }
             throw .invalidRequest("id_token_hint is not a valid ID token of this upstream (\(error.check))")
         }
-        guard let claims = (try? JSONSerialization.jsonObject(with: verified.payload)) as? [String: Any],
-              claims["iss"] as? String == oidc.issuer,
-              claims["aud"] as? String == settings.clientID || (claims["aud"] as? [String])?.contains(settings.clientID) == true,
-              let subject = claims["sub"] as? String else {
+        guard (try? IDTokenValidator.issuerAndAudiences(verified.claims, issuer: oidc.issuer, clientID: settings.clientID)) != nil,
+              let subject = verified.claims["sub"]?.stringValue else {
             throw .invalidRequest("id_token_hint was not issued to Gatehouse by this upstream")
         }
         return subject
