@@ -20,6 +20,10 @@ public struct Gatehouse: Sendable {
     let passthrough: PassthroughRefresher
     /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
     public let signer: AssertionSigner?
+    /// Magic links sent per address, per `central` upstream with `app_api`.
+    let magicLinkLimiters: [String: MagicLinkLimiter]
+    /// Sign in with Apple identity tokens already taken (each opens one session).
+    let appleTokensTaken = SingleUseTokens()
 
     public init(configuration: GatehouseConfiguration, store: any GatehouseStore,
                 upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
@@ -32,6 +36,9 @@ public struct Gatehouse: Sendable {
         self.sessions = sessions
         self.now = now
         self.logger = logger
+        self.magicLinkLimiters = upstreams.compactMapValues { profile in
+            (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
+        }
         self.passthrough = PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger)
     }
 

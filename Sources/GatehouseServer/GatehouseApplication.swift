@@ -26,12 +26,15 @@ public enum GatehouseApplication {
         "/userinfo": [.get],
         "/oauth/logout": [.get],
         "/oauth/logout/callback": [.get],
+        "/app/auth/callback": [.get],
     ]
 
     /// The router with every endpoint; in-process tests drive it directly.
     public static func router(for gatehouse: Gatehouse) -> Router<GatehouseRequestContext> {
         let router = Router(context: GatehouseRequestContext.self)
-        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: routes, configuration: gatehouse.configuration))
+        let centralRoutes = centralAPIRoutes(of: gatehouse)
+        let known = routes.merging(centralRoutes.map { ($0.path, [HTTPRequest.Method.post]) }) { first, _ in first }
+        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, configuration: gatehouse.configuration))
         router.add(middleware: RelayMiddleware(gatehouse: gatehouse))
         router.get("/.well-known/oauth-authorization-server") { _, _ in gatehouse.metadata() }
         router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
@@ -44,7 +47,19 @@ public enum GatehouseApplication {
         router.get("/userinfo") { request, _ in await gatehouse.userinfo(request) }
         router.get("/oauth/logout") { request, _ in await gatehouse.logout(request) }
         router.get("/oauth/logout/callback") { request, _ in await gatehouse.logoutCallback(request) }
+        router.get("/app/auth/callback") { request, _ in await gatehouse.centralCallback(request) }
+        for (path, endpoint, upstream) in centralRoutes {
+            router.post(RouterPath(path)) { request, _ in await gatehouse.centralAPI(request, endpoint: endpoint, upstream: upstream) }
+        }
         return router
+    }
+
+    /// The seed's `/auth/*` endpoints of every `central` upstream with `app_api`.
+    static func centralAPIRoutes(of gatehouse: Gatehouse) -> [(path: String, endpoint: Gatehouse.CentralEndpoint, upstream: CentralUpstream)] {
+        gatehouse.upstreams.keys.sorted().flatMap { name -> [(path: String, endpoint: Gatehouse.CentralEndpoint, upstream: CentralUpstream)] in
+            guard let upstream = gatehouse.centralUpstream(name), let api = upstream.central.appAPI else { return [] }
+            return Gatehouse.CentralEndpoint.allCases.map { (api.path + "/" + $0.rawValue, $0, upstream) }
+        }
     }
 
     /// One upstream client per configured upstream, sharing the process's HTTP client.

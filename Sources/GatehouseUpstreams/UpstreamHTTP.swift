@@ -11,7 +11,7 @@ import NIOHTTP1
 public struct UpstreamHTTP: Sendable {
     public let settings: UpstreamSettings
     let httpClient: HTTPClient
-    let logger: Logger
+    public let logger: Logger
 
     /// Largest answer read from an upstream.
     static let maximumResponseBytes = 256 * 1024
@@ -88,9 +88,15 @@ public struct UpstreamHTTP: Sendable {
 
     /// A request and its status and body, transport failures mapped for the app.
     func send(_ request: HTTPClientRequest, purpose: String) async throws(OAuthError) -> (status: Int, body: Data) {
+        let (status, _, body) = try await sendWithHeaders(request, purpose: purpose)
+        return (status, body)
+    }
+
+    /// A request and its status, headers and body, transport failures mapped for the app.
+    func sendWithHeaders(_ request: HTTPClientRequest, purpose: String) async throws(OAuthError) -> (status: Int, headers: HTTPHeaders, body: Data) {
         do {
-            let (status, bytes) = try await exchange(request)
-            return (Int(status.code), Data(bytes.readableBytesView))
+            let (status, headers, bytes) = try await exchangeWithHeaders(request)
+            return (Int(status.code), headers, Data(bytes.readableBytesView))
         } catch {
             let mapped = UpstreamFailure.classify(error, upstream: settings.name)
             logger.warning("upstream \(purpose) failed", metadata: [

@@ -106,6 +106,9 @@ extension AuthorizationStart {
 public struct AuthorizationBegun: Sendable {
     public var url: String
     public var memo: UpstreamMemo
+    /// The upstream sends the browser back without `state` (a central sign-in provider): the
+    /// authorize route keeps Gatehouse's state in a `__Secure-` cookie scoped to the callback instead.
+    public var keepsStateInCookie = false
 
     public init(url: String, memo: UpstreamMemo) {
         self.url = url
@@ -116,13 +119,14 @@ public struct AuthorizationBegun: Sendable {
 /// A completed sign-in: the upstream's tokens as it sent them, and for OpenID Connect
 /// upstreams the verified identity.
 public struct UpstreamGrant: Sendable {
-    public var tokens: UpstreamTokenResponse
+    /// `nil` for an upstream that only proves who signed in (a central sign-in provider).
+    public var tokens: UpstreamTokenResponse?
     /// The userinfo claims, verified, exactly as the upstream sent them (a JSON object's bytes).
     public var userinfo: Data?
     /// The ID token's `sub`, once validated.
     public var subject: String?
 
-    public init(tokens: UpstreamTokenResponse, userinfo: Data? = nil, subject: String? = nil) {
+    public init(tokens: UpstreamTokenResponse?, userinfo: Data? = nil, subject: String? = nil) {
         self.tokens = tokens
         self.userinfo = userinfo
         self.subject = subject

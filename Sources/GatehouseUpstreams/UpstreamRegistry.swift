@@ -14,6 +14,7 @@ public enum UpstreamRegistry {
         "oauth2": OAuth2Upstream.kind,
         "oidc": OIDCUpstream.kind,
         "franceconnect": FranceConnect.kind,
+        "central": CentralUpstream.kind,
     ]
 
     /// The decoders `GatehouseConfiguration.decode` takes.

@@ -14,7 +14,13 @@ Success paths are checked too, not only refusals:
   fuzzed on the suite's Gatehouse (whose upstreams are plain OAuth 2.0: 401, 404, 400), and their
   success paths (userinfo 200, Gatehouse's own ID token, the logout through the upstream's
   end-session endpoint and back) on a Gatehouse of this module's own in front of the FranceConnect
-  v2 double (Tests/Doubles/franceconnect.py), fuzzed and sent by hand.
+  v2 double (Tests/Doubles/franceconnect.py), fuzzed and sent by hand;
+- a `central` upstream's endpoints (the seed's /auth/*, the provider's return to
+  /app/auth/callback, its RSA keys in the JWKS) on another Gatehouse of this module's own in front
+  of the central sign-in provider double (Tests/Doubles/central.py), fuzzed (with live codes,
+  refresh tokens and Apple identity tokens among the values drawn) and sent by hand, the standard
+  face (authorize, the provider, the cookie-bound callback, the token endpoint, the relay) included.
+  The suite's Gatehouse has no central upstream, so the whole-API run leaves the `central` tag out.
 
 The fuzzer's configuration (it holds live tokens) is written to the test's own folder, never to
 a log; output is shown with every known secret replaced (schemathesis masks the Authorization
@@ -40,6 +46,7 @@ from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Doubles"))
+import central as ctd  # noqa: E402
 import franceconnect as fcd  # noqa: E402
 
 SEED = "20261123"
@@ -149,7 +156,7 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 [[operations]]
 include-operation-id = "logoutCallback"
 checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
-""", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
+""", "--exclude-tag", "central", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     # The fuzzer must have reached the success paths it can draw. A revocation's 200 is not among
     # them: schemathesis draws form bodies from the dictionaries only now and then (a fresh clone
     # got none in 40 examples), so revocations that succeed are sent by hand, below.
@@ -395,3 +402,253 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 """, "--include-tag", "openid", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     assert served[("GET", "userinfo", "200")] > 0, sorted(served)
     assert served[("GET", "oauth/logout", "400")] > 0, sorted(served)
+
+
+# --------------------------------------------------------------------------- a central sign-in provider
+
+CENTRAL_FIXTURES = ROOT / "Tests/Fixtures/central"
+CENTRAL_APP_ID, CENTRAL_CLIENT = "tasquito", "com.example.central"
+CENTRAL_REDIRECT = "com.example.central:/oauth2redirect"
+CENTRAL_BUNDLE = "com.example.central.ios"
+APPLE_USER = "001234.0a1b2c3d4e5f.0042"  # Apple's `sub` of the identity tokens drawn here
+SIGN_IN_COOKIE = "__Secure-gatehouse-signin"
+JSON = "application/json"
+
+
+@pytest.fixture(scope="module")
+def central_gatehouse(workdir, seen, relay_doubles):
+    """The central sign-in provider double and a Gatehouse of this module's own in front of it: one
+    `central` upstream with the seed's /auth/* endpoints (a magic-link limit of 3), Sign in with
+    Apple against the double's Apple stand-in, one app client for both faces, and a relay route."""
+    for name in ("app-private.pem", "jwt-a.pem", "jwt-b.pem"):
+        lines = [line for line in (CENTRAL_FIXTURES / name).read_text().splitlines() if line and not line.startswith("-----")]
+        seen.add(*lines, kind="central fixture private key (PEM line)")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    keys = workdir / "schema-central-session-keys"
+    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+    seen.add_key_ring(keys)
+    double_config = {"apps": {CENTRAL_APP_ID: ctd.app_config(base, mobile_scheme="tasquito")},
+                     "appleBundleIds": {CENTRAL_APP_ID: CENTRAL_BUNDLE}}
+    with ctd.start(workdir, "schema-central-double", double_config) as double:
+        upstream = f"""
+  - name: tasquito
+    kind: central
+    client_id: {CENTRAL_APP_ID}
+    s2s_private_key_file: {CENTRAL_FIXTURES / "app-private.pem"}
+    api_base: {double.api_base}
+    web_base: {double.web_base}
+    timeout: 5s
+    environment: development
+    signing_key_files: [{CENTRAL_FIXTURES / "jwt-a.pem"}, {CENTRAL_FIXTURES / "jwt-b.pem"}]
+    magic_link_limit: 3
+    app_api:
+      client: {CENTRAL_CLIENT}
+    apple:
+      bundle_id: {CENTRAL_BUNDLE}
+      jwks_url: {double.apple_jwks_url}"""
+        # A body limit far above the largest body the description allows (an 8,192-character
+        # identityToken the fuzzer writes as \uXXXX escapes), so that what it checks is the
+        # endpoints' own validation; the 413 is test_central's.
+        config = server_and_store(port, f"{workdir}/schema-central.sqlite").replace(
+            "\nstore:", "\n  max_body_bytes: 262144\nstore:") + f"""
+upstreams:{upstream}
+clients:
+  - client_id: {CENTRAL_CLIENT}
+    upstream: tasquito
+    redirect_uris: ["{CENTRAL_REDIRECT}"]
+routes:
+  - prefix: /api/central
+    backend: {relay_doubles["backend"].url}/central
+    methods: [GET, HEAD, POST, PUT, PATCH, DELETE]
+    upstream: tasquito
+    identity_headers:
+      X-User-Id: userId
+sessions:
+  encryption_keys_file: {keys}
+"""
+        with run_gatehouse(workdir, "schema-central-gatehouse", config, dict(os.environ), log_level="debug") as gatehouse:
+            yield {**gatehouse, "url": base, "double": double}
+
+
+def jose_header(token):
+    import base64
+    segment = token.split(".")[0]
+    return json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+
+
+def sign_in_cookie(response):
+    """The value of Gatehouse's sign-in cookie in a schemathesis Response's Set-Cookie headers."""
+    for header in response.headers.get("set-cookie", []):
+        name, _, rest = header.partition("=")
+        if name.strip() == SIGN_IN_COOKIE:
+            return rest.split(";")[0]
+    raise AssertionError(f"no {SIGN_IN_COOKIE} cookie: {response.headers.get('set-cookie')}")
+
+
+def central_live_values(gatehouse, seen, codes=0, pairs=0, apple=0):
+    """Live central values no generator can draw: auth codes minted at the double, refresh tokens of
+    sessions opened with /auth/exchange, Apple identity tokens for APPLE_USER."""
+    double = gatehouse["double"]
+    minted = [double.mint_code(CENTRAL_APP_ID, f"live{secrets.token_hex(4)}@example.com", "Live Person") for _ in range(codes + pairs)]
+    seen.add(*minted, kind="central auth code")
+    refresh_tokens = []
+    for code in minted[codes:]:
+        answer = requests.post(gatehouse["url"] + "/auth/exchange", json={"code": code}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        seen.add(answer.json()["accessToken"], answer.json()["refreshToken"], kind="central token")
+        refresh_tokens.append(answer.json()["refreshToken"])
+    identity_tokens = [double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com"}) for _ in range(apple)]
+    seen.add(*identity_tokens, kind="Apple identity token")
+    return minted[:codes], refresh_tokens, identity_tokens
+
+
+def test_central_success_paths_conform_to_openapi(central_gatehouse, seen):
+    """The seed's /auth/* endpoints, the standard face through the provider and the cookie-bound
+    /app/auth/callback, the relay with a minted token and the RSA keys in the JWKS, each answer
+    checked by schemathesis against the description."""
+    validated = Validated(central_gatehouse, seen)
+    base, double = central_gatehouse["url"], central_gatehouse["double"]
+    keys = validated("/.well-known/jwks.json", "GET", 200).json()["keys"]
+    rsa_kids = [key["kid"] for key in keys if key["kty"] == "RSA"]
+    assert len(rsa_kids) == 2 and all(key["alg"] == "RS256" for key in keys if key["kty"] == "RSA"), keys
+
+    # POST /auth/exchange: a code the provider minted, once; then 404, and malformed bodies.
+    code = double.mint_code(CENTRAL_APP_ID, "zoe.unal@example.com", "Zoë Ünal 山田")
+    seen.add(code, kind="central auth code")
+    tokens = validated("/auth/exchange", "POST", 200, body={"code": code}, media_type=JSON).json()
+    seen.add(tokens["accessToken"], tokens["refreshToken"], kind="central token")
+    user = tokens["user"]
+    assert user["id"] == user["userId"] and user["name"] == "Zoë Ünal 山田" and user["isNewUser"] is True, user
+    assert jose_header(tokens["accessToken"])["kid"] == rsa_kids[0]
+    claims = jose_payload(tokens["accessToken"])
+    assert (claims["iss"], claims["aud"], claims["sub"], claims["data"]["email"]) == \
+        (CENTRAL_APP_ID, CENTRAL_APP_ID, user["userId"], "zoe.unal@example.com"), claims
+    assert validated("/auth/exchange", "POST", 404, body={"code": code}, media_type=JSON).json() == \
+        {"status": 404, "message": "Auth code not found"}
+    refused = validated("/auth/exchange", "POST", 400, body={"code": code, "colour": "blue"}, media_type=JSON).json()
+    assert refused["message"] == "Validation Error" and any(line.startswith("colour") for line in refused["details"]), refused
+    validated("/auth/exchange", "POST", 400, body={}, media_type=JSON)
+    validated("/auth/exchange", "POST", 400, body={"code": 42}, media_type=JSON)
+
+    # POST /auth/refresh: a new pair; the replaced token within the grace window answers the same pair.
+    new = validated("/auth/refresh", "POST", 200, body={"refreshToken": tokens["refreshToken"]}, media_type=JSON).json()
+    seen.add(new["accessToken"], new["refreshToken"], kind="central token")
+    assert new["refreshToken"] != tokens["refreshToken"] and new["user"]["isNewUser"] is False, new["user"]
+    again = validated("/auth/refresh", "POST", 200, body={"refreshToken": tokens["refreshToken"]}, media_type=JSON).json()
+    assert again["refreshToken"] == new["refreshToken"]
+    assert validated("/auth/refresh", "POST", 403, body={"refreshToken": "A" * 128}, media_type=JSON).json() == \
+        {"status": 403, "message": "Invalid refresh token"}
+
+    # POST /auth/send-magic-link: three per address (magic_link_limit), then 429 with Retry-After; others unaffected.
+    for platform in ({"platform": "mobile"}, {}, {}):
+        assert validated("/auth/send-magic-link", "POST", 200, body={"email": "mira@example.com", **platform},
+                         media_type=JSON).json() == {"success": True}
+    seen.add(double.last_magic_link("mira@example.com")["token"], kind="magic-link token")
+    limited = validated("/auth/send-magic-link", "POST", 429, body={"email": "MIRA@example.com"}, media_type=JSON)
+    assert int(limited.headers["retry-after"][0]) > 0
+    validated("/auth/send-magic-link", "POST", 200, body={"email": "other.person@example.com"}, media_type=JSON)
+    seen.add(double.last_magic_link("other.person@example.com")["token"], kind="magic-link token")
+    validated("/auth/send-magic-link", "POST", 400, body={"email": "not an address"}, media_type=JSON)
+    validated("/auth/send-magic-link", "POST", 400, body={"email": "zoe@example.com", "platform": "web"}, media_type=JSON)
+
+    # POST /auth/verify-apple: a token of the Apple stand-in; a wrong audience is 401 naming the check.
+    identity_token = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com"})
+    other_audience = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com", "aud": "com.example.other"})
+    seen.add(identity_token, other_audience, kind="Apple identity token")
+    apple = {"identityToken": identity_token, "authorizationCode": "c0ffee", "user": APPLE_USER,
+             "fullName": {"givenName": "Ada", "familyName": None}}
+    signed_in = validated("/auth/verify-apple", "POST", 200, body=apple, media_type=JSON).json()
+    seen.add(signed_in["accessToken"], signed_in["refreshToken"], kind="central token")
+    assert signed_in["user"]["provider"] == "apple", signed_in["user"]
+    refused = validated("/auth/verify-apple", "POST", 401, body=dict(apple, identityToken=other_audience), media_type=JSON).json()
+    assert refused["message"] == "Invalid Apple identity token" and refused["details"][0].startswith("aud"), refused
+    replayed = validated("/auth/verify-apple", "POST", 401, body=apple, media_type=JSON).json()  # single use
+    assert replayed["details"][0].startswith("replay"), replayed
+    validated("/auth/verify-apple", "POST", 401, body=dict(apple, user="someone-else"), media_type=JSON)
+
+    # The standard face: /oauth/authorize → the provider's /auth → /app/auth/callback with the cookie → /oauth/token.
+    app = App(central_gatehouse, seen, client_id=CENTRAL_CLIENT, redirect_uri=CENTRAL_REDIRECT)
+    started = validated("/oauth/authorize", "GET", 302, query=query(app.authorize_url(scope=None)))
+    toward = validated.location(started)
+    assert toward == f"{double.web_base}/auth?app={CENTRAL_APP_ID}&provider=google", toward
+    cookie = sign_in_cookie(started)
+    seen.add(cookie, kind="Gatehouse state (central sign-in cookie)")
+    at_provider = requests.get(toward, allow_redirects=False, timeout=10)
+    assert at_provider.status_code == 302, at_provider.text
+    returned = at_provider.headers["Location"]
+    assert returned.startswith(base + "/app/auth/callback?code="), returned
+    seen.add(query(returned)["code"], kind="central auth code")
+    validated("/app/auth/callback", "GET", 400, query=query(returned))  # no cookie: nothing is consumed
+    validated("/app/auth/callback", "GET", 400, query=query(returned), cookies={SIGN_IN_COOKIE: secrets.token_urlsafe(32)})
+    back = validated("/app/auth/callback", "GET", 302, query=query(returned), cookies={SIGN_IN_COOKIE: cookie})
+    received = query(validated.location(back))
+    assert received["state"] == app.state and received["iss"] == base and "code" in received, received
+    seen.add(received["code"], kind="Gatehouse code")
+    validated("/app/auth/callback", "GET", 400, query=query(returned), cookies={SIGN_IN_COOKIE: cookie})  # used
+    seen.add(app.verifier, kind="app PKCE verifier")
+    pair = validated("/oauth/token", "POST", 200, body={
+        "grant_type": "authorization_code", "code": received["code"], "code_verifier": app.verifier,
+        "redirect_uri": CENTRAL_REDIRECT, "client_id": CENTRAL_CLIENT}).json()
+    seen.add(pair["access_token"], pair["refresh_token"], kind="central token")
+    assert jose_header(pair["access_token"])["kid"] == rsa_kids[0] and len(pair["refresh_token"]) == 128, pair.keys()
+    refreshed = validated("/oauth/token", "POST", 200, body={"grant_type": "refresh_token", "refresh_token": pair["refresh_token"],
+                                                               "client_id": CENTRAL_CLIENT}).json()
+    seen.add(refreshed["access_token"], refreshed["refresh_token"], kind="central token")
+    validated("/oauth/token", "POST", 400, body={"grant_type": "refresh_token", "refresh_token": "A" * 128, "client_id": CENTRAL_CLIENT})
+
+    # The relay: Gatehouse's own JWT, verified in process; a tampered one is 401.
+    for token in (refreshed["access_token"], new["accessToken"]):
+        validated("/api/{rest}", "GET", 200, path_parameters={"rest": "central"}, headers={"Authorization": f"Bearer {token}"})
+    forged = new["accessToken"][:-4] + ("AAAA" if not new["accessToken"].endswith("AAAA") else "BBBB")
+    validated("/api/{rest}", "GET", 401, path_parameters={"rest": "central"}, headers={"Authorization": f"Bearer {forged}"})
+    print(sorted(validated.count.items()))
+
+
+#: What a schema-violating request may get (schemathesis' default for negative_data_rejection), plus
+#: 413: a body over the limit is refused before it is read, which is a refusal too.
+NEGATIVE_DATA_REJECTION_STATUSES = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
+
+
+def test_central_endpoints_fuzzed(central_gatehouse, seen, tmp_path):
+    """The fuzzer on a central upstream's endpoints, with live codes, refresh tokens and Apple identity
+    tokens (for APPLE_USER) among the values it draws."""
+    codes, refresh_tokens, identity_tokens = central_live_values(central_gatehouse, seen, codes=6, pairs=4, apple=4)
+    served = run_schemathesis(central_gatehouse, seen, tmp_path / "central.toml", f"""
+[checks.negative_data_rejection]
+expected-statuses = {toml_list(NEGATIVE_DATA_REJECTION_STATUSES)}
+
+[dictionaries.codes]
+values = {toml_list(codes)}
+
+[dictionaries.refresh_tokens]
+values = {toml_list(refresh_tokens)}
+
+[dictionaries.identity_tokens]
+values = {toml_list(identity_tokens)}
+
+[dictionaries.apple_users]
+values = [{json.dumps(APPLE_USER)}]
+
+[[operations]]
+include-operation-id = "centralExchange"
+parameters = {{ "body.code" = {{ dictionary = "codes", probability = 0.5 }} }}
+
+[[operations]]
+include-operation-id = "centralRefresh"
+parameters = {{ "body.refreshToken" = {{ dictionary = "refresh_tokens", probability = 0.5 }} }}
+
+[[operations]]
+include-operation-id = "centralVerifyApple"
+parameters = {{ "body.identityToken" = {{ dictionary = "identity_tokens", probability = 0.7 }}, "body.user" = {{ dictionary = "apple_users", probability = 0.9 }} }}
+
+[[operations]]
+include-operation-id = "centralCallback"
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+""", "--include-tag", "central", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
+    for expected in [("POST", "auth/exchange", "404"), ("POST", "auth/exchange", "400"), ("POST", "auth/refresh", "403"),
+                     ("POST", "auth/send-magic-link", "200"), ("POST", "auth/verify-apple", "401"), ("GET", "app/auth", "400")]:
+        assert served[expected] > 0, f"the fuzzer never got {expected}: {sorted(served)}"
+    # A success drawn from the live values (which of the three depends on the draws).
+    successes = [("POST", "auth/exchange", "200"), ("POST", "auth/refresh", "200"), ("POST", "auth/verify-apple", "200")]
+    assert sum(served[success] for success in successes) > 0, sorted(served)

@@ -176,7 +176,7 @@ extension ConfigurationTests {
 
     @Test func anUnknownKindListsTheKnownOnes() {
         let problems = Self.problems(Self.document(upstreamEntries: [("kind", Self.scalar("saml"))]))
-        #expect(problems.contains("upstreams[0].kind: must be one of: franceconnect, oauth2, oidc"))
+        #expect(problems.contains("upstreams[0].kind: must be one of: central, franceconnect, oauth2, oidc"))
     }
 
     @Test func sessionIdentityNeedsAnUpstreamThatVerifiesWhoSignedIn() {

@@ -36,6 +36,7 @@ extension GatehouseConfiguration {
         var upstreams: [String: UpstreamSettings] = [:]
         // Names are kept even for upstreams with problems, so clients naming them get no second error.
         var upstreamNames: Set<String> = []
+        var upstreamPaths: [String: String] = [:]
         for item in top.list("upstreams", required: true) ?? [] {
             guard let map = reader.mapping(item.node, at: item.path) else { continue }
             if let name = (map.value("name")).flatMap({ reader.string($0, at: item.path + ".name") }),
@@ -44,6 +45,7 @@ extension GatehouseConfiguration {
             }
             guard let upstream = decodeUpstream(map, secrets: secrets, kinds: kinds) else { continue }
             upstreams[upstream.name] = upstream
+            upstreamPaths[upstream.name] = item.path
         }
 
         var clients: [String: AppClient] = [:]
@@ -55,6 +57,12 @@ extension GatehouseConfiguration {
             }
             clients[client.clientID] = client
         }
+        for upstream in upstreams.values {
+            for (key, clientID) in upstream.profile.namedClients where clients[clientID]?.upstream != upstream.name {
+                reader.report((upstreamPaths[upstream.name] ?? "upstreams") + "." + key, root,
+                              "'\(clientID)' names no client of this upstream in 'clients'")
+            }
+        }
         var routes: [RouteSettings] = []
         var prefixes: Set<String> = []
         for item in top.list("routes") ?? [] {
@@ -64,6 +72,18 @@ extension GatehouseConfiguration {
                 reader.report(item.path + ".prefix", item.node, "'\(route.prefix)' is used by another route")
             }
             routes.append(route)
+        }
+        var servedBy: [String: String] = [:]
+        for upstream in upstreams.values.sorted(by: { $0.name < $1.name }) {
+            for (key, path) in upstream.profile.servedPaths {
+                let at = (upstreamPaths[upstream.name] ?? "upstreams") + "." + key
+                if let other = servedBy.updateValue(upstream.name, forKey: path) {
+                    reader.report(at, root, "'\(path)' is served for the upstream '\(other)' already")
+                }
+                if let route = routes.first(where: { $0.owns(path) || $0.prefix.hasPrefix(path + "/") }) {
+                    reader.report(at, root, "'\(path)' overlaps the relayed route '\(route.prefix)'")
+                }
+            }
         }
         let cache = top.mapping("identity_cache").map(decodeIdentityCache) ?? IdentityCacheSettings()
         let sessionMap = top.mapping("sessions")
@@ -158,7 +178,15 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("kind"), map.value("kind"), "must be one of: \(kinds.keys.sorted().joined(separator: ", "))")
         }
         let clientID = map.string("client_id", required: true)
-        let secret = decodeSecret(in: map, secrets: secrets)
+        let secret: Secret?
+        if kind?.usesClientSecret == false {
+            for key in ["client_secret", "client_secret_env", "client_secret_file"] where map.value(key) != nil {
+                map.reader.report(map.childPath(key), map.value(key), "a \(kindName) upstream has no client secret")
+            }
+            secret = Secret("")
+        } else {
+            secret = decodeSecret(in: map, secrets: secrets)
+        }
         let authentication = map.choice("client_auth", default: kind?.defaultClientAuthentication ?? .clientSecretBasic)
         let scopes = map.stringList("scopes") ?? kind?.defaultScopes ?? []
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
@@ -166,6 +194,11 @@ extension GatehouseConfiguration {
         if identity?.kind == .session, kind?.keepsIdentity == false {
             map.reader.report(map.childPath("identity.kind"), map.value("identity"),
                               "'session' needs an upstream that verifies who signed in (kind oidc or franceconnect)")
+            identity = nil
+        }
+        if identity?.kind == .gatehouse, kind?.defaultIdentity?.kind != .gatehouse {
+            map.reader.report(map.childPath("identity.kind"), map.value("identity"),
+                              "'gatehouse' needs an upstream whose tokens Gatehouse mints (kind central)")
             identity = nil
         }
         let policy = map.choice("refresh_token_policy", default: RefreshTokenPolicy.singleUse)
@@ -205,6 +238,16 @@ extension GatehouseConfiguration {
                 postLogout.append(try RedirectURI(registering: text))
             } catch {
                 map.reader.report(item.path, item.node, error.description)
+            }
+        }
+        if let upstream = upstreamName.flatMap({ upstreams[$0] }), upstream.profile.mintsTokens {
+            if exposure != .sealed {
+                map.reader.report(map.childPath("token_exposure"), map.value("token_exposure"),
+                                  "must be sealed: Gatehouse mints this app's tokens (its upstream is \(upstream.kind))")
+            }
+            if wiring != .callback {
+                map.reader.report(map.childPath("wiring"), map.value("wiring"),
+                                  "must be callback: the \(upstream.kind) provider returns the browser to Gatehouse")
             }
         }
         map.finish()
@@ -329,11 +372,15 @@ public struct UpstreamKindDecoder: Sendable {
     public var keepsIdentity: Bool
     /// How Gatehouse authenticates to the token endpoint when the configuration does not say.
     public var defaultClientAuthentication: ClientAuthentication
+    /// Whether the kind takes `client_secret_env`/`client_secret_file` (a central provider's
+    /// requests are signed with an RSA key instead).
+    public var usesClientSecret: Bool
 
     public init(defaultScopes: [String] = [], defaultIdentity: IdentitySettings? = nil, keepsIdentity: Bool = false,
-                defaultClientAuthentication: ClientAuthentication = .clientSecretBasic,
+                defaultClientAuthentication: ClientAuthentication = .clientSecretBasic, usesClientSecret: Bool = true,
                 decode: @escaping @Sendable (_ map: MappingReader, _ scopes: [String]) -> (any UpstreamProfileSettings)?) {
         self.defaultClientAuthentication = defaultClientAuthentication
+        self.usesClientSecret = usesClientSecret
         self.decode = decode
         self.defaultScopes = defaultScopes
         self.defaultIdentity = defaultIdentity

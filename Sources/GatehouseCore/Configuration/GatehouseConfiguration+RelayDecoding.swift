@@ -4,8 +4,9 @@ extension GatehouseConfiguration {
 
     static func decodeIdentity(_ map: MappingReader) -> IdentitySettings? {
         let kind = map.choice("kind", default: IdentitySettings.Kind.personalInformation)
-        let url = kind == .session ? "" : map.string(kind == .jwt ? "jwks_url" : "url", required: true)
-        if kind != .session, let url, let problem = problemWithEndpoint(url) {
+        let local = kind == .session || kind == .gatehouse
+        let url = local ? "" : map.string(kind == .jwt ? "jwks_url" : "url", required: true)
+        if !local, let url, let problem = problemWithEndpoint(url) {
             map.reader.report(map.childPath(kind == .jwt ? "jwks_url" : "url"), map.node, problem)
         }
         var settings = IdentitySettings(kind: kind, url: url ?? "")
@@ -36,6 +37,8 @@ extension GatehouseConfiguration {
                 if let text = attributes.string(key, required: true) { settings.attributePaths[key] = text }
             }
             attributes.finish()
+        } else if kind == .gatehouse {
+            settings.attributePaths = IdentitySettings.gatehouseMinted.attributePaths
         }
         if kind == .jwt {
             settings.issuer = map.string("issuer", required: true)

@@ -136,7 +136,23 @@ public enum ClientAuthentication: String, Sendable, CaseIterable {
 /// What one kind of upstream needs beyond the settings every upstream has: its endpoints,
 /// its discovery, its presets. Each kind defines and decodes its own, in its own folder of
 /// GatehouseUpstreams (`UpstreamRegistry` maps the `kind:` word to it).
-public protocol UpstreamProfileSettings: Sendable {}
+public protocol UpstreamProfileSettings: Sendable {
+    /// Whether Gatehouse mints the app's tokens itself (a central sign-in provider gives no
+    /// tokens): its apps must be sealed and in callback mode.
+    var mintsTokens: Bool { get }
+    /// App clients the kind's settings name (`app_api.client`), with their YAML key: each must
+    /// exist and use this upstream.
+    var namedClients: [(key: String, clientID: String)] { get }
+    /// Path prefixes the kind's own endpoints are served under (`app_api.path`), with their YAML key:
+    /// no two upstreams may share one, and no relayed route may cover one.
+    var servedPaths: [(key: String, path: String)] { get }
+}
+
+extension UpstreamProfileSettings {
+    public var mintsTokens: Bool { false }
+    public var namedClients: [(key: String, clientID: String)] { [] }
+    public var servedPaths: [(key: String, path: String)] { [] }
+}
 
 /// An authorization server Gatehouse is a confidential client of: what every kind shares,
 /// and the kind's own settings in `profile`.

@@ -12,6 +12,9 @@ public struct IdentitySettings: Sendable {
         /// The userinfo the upstream gave at sign-in, verified and kept in the sealed session
         /// (OpenID Connect and FranceConnect): no identity call per request.
         case session
+        /// The access tokens Gatehouse itself minted for a `central` upstream (RS256 JWTs),
+        /// verified in process with its own keys: no identity call at all.
+        case gatehouse
     }
 
     public enum Format: String, Sendable, CaseIterable { case json, xml }
@@ -63,11 +66,17 @@ public struct IdentitySettings: Sendable {
         self.timeout = timeout
     }
 
+    /// A `central` upstream's default: Gatehouse's own JWTs, `sub` as the subject and the
+    /// seed's `data` members as attributes.
+    public static let gatehouseMinted = IdentitySettings(
+        kind: .gatehouse, url: "", subjectPath: "/sub",
+        attributePaths: ["userId": "/data/userId", "email": "/data/email", "name": "/data/name", "provider": "/data/provider"])
+
     /// Whether this identity source reports a token's scopes (needed by routes that require scopes).
     public var reportsScopes: Bool {
         switch kind {
         case .introspection, .jwt: true
-        case .personalInformation, .userinfo, .session: scopesPath != nil
+        case .personalInformation, .userinfo, .session, .gatehouse: scopesPath != nil
         }
     }
 }

@@ -1,5 +1,6 @@
 public import AsyncHTTPClient
 public import GatehouseCore
+import GatehouseUpstreams
 
 extension GatehouseConfiguration {
     /// One resolver per upstream that has an `identity:` section.
@@ -12,6 +13,9 @@ extension GatehouseConfiguration {
             case .userinfo: return UserinfoResolver(settings: identity, client: client)
             case .jwt: return JWTResolver(settings: identity, client: client)
             case .session: return nil  // read from the sealed session (`SessionIdentity`)
+            case .gatehouse:
+                guard let central = upstream.profile as? CentralSettings else { return nil }
+                return JWTResolver.minted(by: central.tokenKeys, settings: identity)
             }
         }
     }

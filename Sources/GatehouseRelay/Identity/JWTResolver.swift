@@ -17,11 +17,28 @@ public actor JWTResolver: IdentityResolver {
     let algorithms: Set<JWSAlgorithm>
 
     public init(settings: IdentitySettings, client: HTTPClient, refetchInterval: Duration = .seconds(30)) {
+        self.init(settings: settings, keys: JWKSCache(url: settings.url, refetchInterval: refetchInterval,
+                                                      fetch: JWKSCache.httpFetcher(client: client, timeout: settings.timeout)))
+    }
+
+    init(settings: IdentitySettings, keys: JWKSCache) {
         self.settings = settings
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub"])
-        self.keys = JWKSCache(url: settings.url, refetchInterval: refetchInterval,
-                              fetch: JWKSCache.httpFetcher(client: client, timeout: settings.timeout))
+        self.keys = keys
         self.algorithms = Set(settings.algorithms.compactMap { JWSAlgorithm(rawValue: $0) }.filter { $0 != .hs256 })
+    }
+
+    /// The access tokens Gatehouse mints for a `central` upstream: RS256 with its own keys (an
+    /// in-process key set, never fetched), its own issuer and audience (the app id).
+    static func minted(by keys: CentralTokenKeys, settings: IdentitySettings) -> JWTResolver {
+        var settings = settings
+        settings.issuer = keys.issuer
+        settings.audience = keys.audience
+        settings.algorithms = ["RS256"]
+        let document = keys.jwksDocument
+        // Read again for every unknown kid (no throttle: nothing is fetched), so an unknown kid is
+        // always a forgery answered 401, never "the key set may have rotated, try later" (503).
+        return JWTResolver(settings: settings, keys: JWKSCache(url: "gatehouse:minted", refetchInterval: .zero, fetch: { _ in (200, document) }))
     }
 
     public nonisolated func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {

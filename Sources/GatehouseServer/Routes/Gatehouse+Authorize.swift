@@ -59,7 +59,13 @@ extension Gatehouse {
         logger.info("authorization transaction begun", metadata: [
             "client_id": .string(client.clientID), "upstream": .string(client.upstream), "wiring": .string(client.wiring.rawValue),
         ])
-        return .redirect(to: begun.url)
+        var response = Response.redirect(to: begun.url)
+        if begun.keepsStateInCookie {
+            // The upstream will not echo Gatehouse's state: this browser carries it instead.
+            let seconds = Int(configuration.server.transactionLifetime.inSeconds)
+            response.headers[.setCookie] = "\(Self.signInCookieName)=\(state); \(Self.signInCookieAttributes); Max-Age=\(seconds)"
+        }
+        return response
     }
 
     /// Consumes the transaction of Gatehouse's `state` for one wiring and opens it; `nil` when

@@ -1,5 +1,7 @@
+import Foundation
 import GatehouseCore
 import GatehouseUpstreams
+import HTTPTypes
 import Hummingbird
 import Logging
 
@@ -17,6 +19,53 @@ extension Gatehouse {
         guard let state = parameters["state"] else {
             return .problem(.unknownState("The sign-in response carries no state."), for: request)
         }
+        return await completeCallback(parameters, state: state, viaCookie: false, request: request)
+    }
+
+    /// `GET /app/auth/callback`: a central sign-in provider returns the browser here (the path its
+    /// contract fixes, under the app's registered base URL) with its code and no `state`: the state
+    /// is the `__Secure-` cookie the authorize route set. The cookie is cleared whatever happens.
+    func centralCallback(_ request: Request) async -> Response {
+        let parameters: FormParameters
+        do {
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8),
+                                            recognizing: ["code", "error", "error_description"])
+        } catch {
+            return .problem(.badRequest("The sign-in response is malformed: \(error.description)."), for: request)
+        }
+        var response: Response
+        if let state = Self.signInCookie(in: request) {
+            response = await completeCallback(parameters, state: state, viaCookie: true, request: request)
+        } else {
+            logger.info("central callback without the sign-in cookie")
+            response = .problem(.unknownState("No sign-in is in progress in this browser, or it has expired."), for: request)
+        }
+        response.headers.append(HTTPField(name: .setCookie, value: Self.signInCookieName + "=; " + Self.signInCookieAttributes + "; Max-Age=0"))
+        return response
+    }
+
+    /// The cookie that carries Gatehouse's state through a central sign-in.
+    static let signInCookieName = "__Secure-gatehouse-signin"
+    /// Its attributes: sent only to the central callback (never to relayed routes and their
+    /// backends), only over https, never to scripts, and on the provider's top-level redirect.
+    static let signInCookieAttributes = "Path=/app/auth/callback; Secure; HttpOnly; SameSite=Lax"
+
+    static func signInCookie(in request: Request) -> String? {
+        for header in request.headers[values: .cookie] {
+            for pair in header.split(separator: ";") {
+                let trimmed = pair.trimmingCharacters(in: .whitespaces)
+                if trimmed.hasPrefix(signInCookieName + "=") {
+                    let value = String(trimmed.dropFirst(signInCookieName.count + 1))
+                    return value.isEmpty ? nil : value
+                }
+            }
+        }
+        return nil
+    }
+
+    /// The rest of a callback once Gatehouse's state is known (from the query, or from the cookie
+    /// of a central sign-in: each kind of upstream only through its own way back).
+    private func completeCallback(_ parameters: FormParameters, state: String, viaCookie: Bool, request: Request) async -> Response {
         let transaction: AuthorizationTransaction?
         do {
             transaction = try await consumeTransaction(state: state, wiring: .callback)
@@ -24,7 +73,8 @@ extension Gatehouse {
             logger.error("store failed to consume a transaction", metadata: ["error": .string(String(describing: type(of: error)))])
             return .problem(.storeUnavailable(), for: request)
         }
-        guard let transaction, transaction.wiring == .callback, let upstream = upstreams[transaction.upstream] else {
+        guard let transaction, transaction.wiring == .callback, let upstream = upstreams[transaction.upstream],
+              (upstream is CentralUpstream) == viaCookie else {
             logger.info("callback with unknown, used or expired state")
             return .problem(.unknownState("This sign-in has expired or was already completed."), for: request)
         }
@@ -53,7 +103,7 @@ extension Gatehouse {
                                              state: transaction.appState))
         }
         let issued = IssuedCode(clientID: transaction.clientID, redirectURI: transaction.redirectURI,
-                                codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: grant.tokens.json,
+                                codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: grant.tokens?.json ?? Data("{}".utf8),
                                 userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
         let gatehouseCode = SecureToken.generate()
         do {

@@ -1,6 +1,7 @@
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseUpstreams
 import Hummingbird
 
 extension Gatehouse {
@@ -21,7 +22,7 @@ extension Gatehouse {
             authorization_response_iss_parameter_supported: true,
             userinfo_endpoint: issuer + "/userinfo",
             end_session_endpoint: issuer + "/oauth/logout",
-            jwks_uri: signer == nil ? nil : issuer + "/.well-known/jwks.json",
+            jwks_uri: publishedKeys.isEmpty ? nil : issuer + "/.well-known/jwks.json",
             id_token_signing_alg_values_supported: signer == nil ? nil : ["ES256"])
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
@@ -29,12 +30,26 @@ extension Gatehouse {
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
     }
 
-    /// `GET /.well-known/jwks.json`: the key backends verify Gatehouse's assertions with (RFC 7517).
+    /// `GET /.well-known/jwks.json` (RFC 7517): Gatehouse's ES256 key (assertions toward backends,
+    /// ID tokens) and the RS256 keys of the access tokens it mints for `central` upstreams.
     func jwks(_ request: Request) -> Response {
-        guard let signer else { return .problem(.notFound(), for: request) }
-        var response = Response.json(signer.jwks, status: .ok)
+        let keys = publishedKeys
+        guard !keys.isEmpty else { return .problem(.notFound(), for: request) }
+        var response = Response.json(["keys": keys], status: .ok)
         response.headers[.cacheControl] = "public, max-age=300"
         return response
+    }
+
+    /// Every public key Gatehouse signs with, each once.
+    var publishedKeys: [[String: String]] {
+        var keys = signer?.jwks["keys"] ?? []
+        var seen = Set(keys.compactMap { $0["kid"] })
+        for name in upstreams.keys.sorted() {
+            for key in centralUpstream(name)?.central.tokenKeys.jwks ?? [] where seen.insert(key["kid"] ?? "").inserted {
+                keys.append(key)
+            }
+        }
+        return keys
     }
 
     /// `GET /healthz`: the process is up.

@@ -26,7 +26,26 @@ extension Gatehouse {
         guard let clientID = form["client_id"], let client = configuration.clients[clientID] else {
             return .oauthError(.invalidClient("no app is registered with this client_id"))
         }
-        if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
+        if let sessions, centralUpstream(client.upstream) != nil {
+            // A central app's refresh token ends its session; its access tokens are JWTs that
+            // nothing stores, valid until they expire (the README says so).
+            let record: RefreshTokenRecord?
+            let session: SessionRecord?
+            do {
+                record = try await sessions.store.refreshToken(hash: Self.centralRefreshHash(token))
+                session = try await record.asyncFlatMap { try await sessions.store.session(id: $0.sessionID) }
+            } catch {
+                return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+            }
+            if let session, session.clientID == client.clientID, session.isLive(at: now()) {
+                do {
+                    try await endSession(session, sessions: sessions)
+                } catch {
+                    return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+                }
+                logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
+            }
+        } else if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
             if let session = await sessionOf(token, sessions: sessions), session.clientID == client.clientID, session.isLive(at: now()) {
                 do {
                     try await endSession(session, sessions: sessions)

@@ -54,6 +54,9 @@ extension Gatehouse {
                 return try await exposed(signIn, to: client)
             }
         case .refreshToken(_, let refreshToken, let scope):
+            if let central = upstream as? CentralUpstream {
+                return try await rotateCentralRefreshToken(refreshToken, clientID: client.clientID, upstream: central).oauthBody(now: now())
+            }
             switch client.tokenExposure {
             case .sealed: return try await rotateRefreshToken(refreshToken, client: client)
             case .passthrough:
@@ -76,6 +79,13 @@ extension Gatehouse {
 
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
     private func exposed(_ signIn: SignIn, to client: AppClient) async throws(OAuthError) -> Data {
+        if let central = centralUpstream(client.upstream) {
+            // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
+            guard let userinfo = signIn.userinfo, let user = try? JSONDecoder().decode(CentralUser.self, from: userinfo) else {
+                throw .serverError("the sign-in carries no verified user")
+            }
+            return try await beginCentralSession(user: user, clientID: client.clientID, upstream: central).oauthBody(now: now())
+        }
         switch client.tokenExposure {
         case .passthrough:
             await passthrough.bind(signIn.tokens, to: client)
@@ -132,7 +142,7 @@ extension Gatehouse {
         }
         let grant = try await upstream.completeAuthorization(code: code, redirectURI: redirectURI, memo: transaction.memo,
                                                              appCodeVerifier: codeVerifier)
-        return SignIn(tokens: grant.tokens.json, userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
+        return SignIn(tokens: grant.tokens?.json ?? Data("{}".utf8), userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
     }
 }
 

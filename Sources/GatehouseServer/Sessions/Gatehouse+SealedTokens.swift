@@ -107,7 +107,30 @@ extension Gatehouse {
         guard let sessions, refreshToken.hasPrefix(SessionServices.refreshPrefix) else {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")
         }
-        let hash = SecureToken.hash(refreshToken)
+        return try await rotateFamily(refreshToken: refreshToken, hash: SecureToken.hash(refreshToken), clientID: client.clientID,
+                                      sessions: sessions) { session, _, _ throws(OAuthError) in
+            let pair = try await issuePair(sessionID: session.id, scope: nil, sessions: sessions)
+            return RotationSuccessor(body: JSONCoding.encode(pair), accessHash: SecureToken.hash(pair.access_token),
+                                     refreshHash: SecureToken.hash(pair.refresh_token))
+        }
+    }
+
+    /// A rotation's new pair: the body the app gets (and a retry within the grace window gets
+    /// again), and the hashes to drop should another request have rotated first.
+    struct RotationSuccessor {
+        let body: Data
+        let accessHash: String?
+        let refreshHash: String
+        /// `false` when the presented refresh token stays valid (`refresh_rotation: after_80_percent`).
+        var replacesToken = true
+    }
+
+    /// The refresh-token family as `RefreshRotation` decides it, for Gatehouse's own refresh tokens
+    /// of any format: `issue` makes the successor pair of a live session.
+    func rotateFamily(refreshToken: String, hash: String, clientID: String, sessions: SessionServices,
+                      issue: (SessionRecord, RefreshTokenRecord, Date) async throws(OAuthError) -> RotationSuccessor)
+        async throws(OAuthError) -> Data
+    {
         let purpose = "gatehouse refresh-successor v1"
         for _ in 0..<3 {
             let now = self.now()
@@ -119,7 +142,7 @@ extension Gatehouse {
             } catch {
                 throw .serverError("Gatehouse cannot reach its store right now")
             }
-            guard session?.clientID == client.clientID || session == nil else {
+            guard session?.clientID == clientID || session == nil else {
                 throw .invalidGrant("the refresh token was issued to another app")
             }
             switch RefreshRotation.decide(record, session: session, now: now, grace: sessions.settings.refreshGrace) {
@@ -133,21 +156,20 @@ extension Gatehouse {
             case .revokeFamily:
                 guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
                 logger.warning("security event: a replaced refresh token was presented again; its session is revoked",
-                               metadata: ["client_id": .string(client.clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
+                               metadata: ["client_id": .string(clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
                 try? await endSession(session, sessions: sessions)
                 throw .invalidGrant("the refresh token was already used; the session has been ended")
             case .rotate:
-                guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
-                let pair = try await issuePair(sessionID: session.id, scope: nil, sessions: sessions)
-                let body = JSONCoding.encode(pair)
+                guard let session, let record else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
+                let successor = try await issue(session, record, now)
+                guard successor.replacesToken else { return successor.body }
                 do {
-                    let successor = try TokenSeal.seal(body, with: refreshToken, purpose: purpose)
-                    if try await sessions.store.markRefreshTokenReplaced(hash: hash, successorSealed: successor, now: now) {
-                        return body
+                    let sealed = try TokenSeal.seal(successor.body, with: refreshToken, purpose: purpose)
+                    if try await sessions.store.markRefreshTokenReplaced(hash: hash, successorSealed: sealed, now: now) {
+                        return successor.body
                     }
                     // Another request rotated it first: drop ours and answer theirs.
-                    try await sessions.store.deleteTokens(accessHash: SecureToken.hash(pair.access_token),
-                                                          refreshHash: SecureToken.hash(pair.refresh_token))
+                    try await sessions.store.deleteTokens(accessHash: successor.accessHash ?? "", refreshHash: successor.refreshHash)
                 } catch {
                     throw .serverError("Gatehouse cannot reach its store right now")
                 }

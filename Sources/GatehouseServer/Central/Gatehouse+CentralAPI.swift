@@ -1,0 +1,164 @@
+import Foundation
+import GatehouseCore
+import GatehouseUpstreams
+import HTTPTypes
+import Hummingbird
+import Logging
+
+/// The seed's `/auth/*` endpoints (broccoliapps' `framework/shared/src/auth.ts`), for apps built
+/// against that contract: Gatehouse is their backend, for a `central` upstream's `app_api`.
+extension Gatehouse {
+    enum CentralEndpoint: String, CaseIterable {
+        case exchange, refresh
+        case sendMagicLink = "send-magic-link"
+        case verifyApple = "verify-apple"
+    }
+
+    func centralAPI(_ request: Request, endpoint: CentralEndpoint, upstream: CentralUpstream) async -> Response {
+        guard let api = upstream.central.appAPI else { return CentralAPIError(status: 404, message: "Not Found").response }
+        var request = request
+        do throws(CentralAPIError) {
+            let limit = configuration.server.maximumBodyBytes
+            switch endpoint {
+            case .exchange:
+                let body = try await CentralAPIRequest(&request, limit: limit, fields: [("code", .string(maximum: 1024), true)])
+                let user: CentralUser
+                do throws(CentralFailure) {
+                    user = try await upstream.client.verify(code: body["code"] ?? "")
+                } catch {
+                    throw Self.apiError(error)
+                }
+                return try await signedIn(user, clientID: api.clientID, upstream: upstream)
+            case .refresh:
+                let body = try await CentralAPIRequest(&request, limit: limit, fields: [("refreshToken", .string(maximum: 1024), true)])
+                let pair: CentralPair
+                do throws(OAuthError) {
+                    pair = try await rotateCentralRefreshToken(body["refreshToken"] ?? "", clientID: api.clientID, upstream: upstream)
+                } catch where error.code == "invalid_grant" {
+                    throw CentralAPIError(status: 403, message: "Invalid refresh token")
+                } catch {
+                    throw Self.apiError(error)
+                }
+                return Self.answer(pair, withUser: true)
+            case .sendMagicLink:
+                let body = try await CentralAPIRequest(&request, limit: limit, fields: [("email", .email, true), ("platform", .word(["mobile"]), false)])
+                let email = body["email"] ?? ""
+                if let wait = magicLinkLimiters[upstream.settings.name]?.admit(email, now: now()) {
+                    logger.notice("magic link refused: too many for one address this hour", metadata: ["upstream": .string(upstream.settings.name)])
+                    throw CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: wait)
+                }
+                do throws(CentralFailure) {
+                    try await upstream.client.sendMagicLink(email: email, platform: body["platform"])
+                } catch {
+                    throw Self.apiError(error)
+                }
+                return .json(["success": true], status: .ok)
+            case .verifyApple:
+                return try await verifyApple(&request, limit: limit, upstream: upstream, clientID: api.clientID)
+            }
+        } catch {
+            if error.status >= 500 || error.status == 429 {
+                logger.warning("central api request failed", metadata: ["endpoint": .string(endpoint.rawValue), "status": .stringConvertible(error.status)])
+            } else {
+                logger.info("central api request refused", metadata: ["endpoint": .string(endpoint.rawValue), "status": .stringConvertible(error.status)])
+            }
+            return error.response
+        }
+    }
+
+    /// `POST /auth/verify-apple`: Apple's identity token checked here, then the central user from
+    /// `verify-native` (the name from `fullName`, which Apple sends only at the first sign-in, else
+    /// from the address, as the seed derives it).
+    private func verifyApple(_ request: inout Request, limit: Int, upstream: CentralUpstream, clientID: String) async throws(CentralAPIError) -> Response {
+        let body = try await CentralAPIRequest(&request, limit: limit, fields: [
+            ("identityToken", .string(maximum: 8192), true), ("authorizationCode", .string(maximum: 1024), true),
+            ("user", .string(maximum: 256), true), ("fullName", .personName, false), ("nonce", .string(maximum: 256), false),
+        ])
+        guard let apple = upstream.apple else {
+            throw CentralAPIError(status: 404, message: "Sign in with Apple is not configured for this app")
+        }
+        let identity: AppleIdentityVerifier.Identity
+        do throws(JOSEError) {
+            identity = try await apple.verify(body["identityToken"] ?? "", user: body["user"] ?? "", nonce: body["nonce"], now: now())
+        } catch where error.unavailable {
+            logger.warning("Apple's key set cannot be fetched", metadata: ["reason": .string(error.detail)])
+            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 5)
+        } catch {
+            logger.info("Apple identity token refused", metadata: ["check": .string(error.check)])
+            throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["\(error.check): \(error.detail)"])
+        }
+        switch appleTokensTaken.take(body["identityToken"] ?? "", validUntil: identity.expiresAt, now: now()) {
+        case .first: break
+        case .replay:
+            logger.notice("security event: an Apple identity token was presented again", metadata: ["upstream": .string(upstream.settings.name)])
+            throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["replay: this identity token was already used"])
+        case .full:
+            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 10)
+        }
+        let fullName = body.values["fullName"] as? [String: Any]
+        let parts = [fullName?["givenName"] as? String, fullName?["familyName"] as? String].compactMap { $0 }.filter { !$0.isEmpty }
+        let name = parts.isEmpty ? String(identity.email.split(separator: "@").first ?? "User") : parts.joined(separator: " ")
+        var user: CentralUser
+        do throws(CentralFailure) {
+            user = try await upstream.client.verifyNative(email: identity.email, name: name)
+        } catch {
+            throw Self.apiError(error)
+        }
+        // This sign-in was Apple's, whatever the central user was first created with (as the seed's backend mints it).
+        user.provider = "apple"
+        return try await signedIn(user, clientID: clientID, upstream: upstream)
+    }
+
+    /// The seed's token answer: `{accessToken, accessTokenExpiresAt, refreshToken, refreshTokenExpiresAt, user}`;
+    /// `user` carries both the seed's app shape (`id`, `isNewUser`) and the central one (`userId`, `provider`).
+    private static func answer(_ pair: CentralPair, withUser: Bool) -> Response {
+        struct User: Encodable {
+            let id: String
+            let userId: String
+            let email: String
+            let name: String
+            let provider: String
+            let isNewUser: Bool
+        }
+        struct Body: Encodable {
+            let accessToken: String
+            let accessTokenExpiresAt: Int64
+            let refreshToken: String
+            let refreshTokenExpiresAt: Int64
+            let user: User?
+        }
+        let user = pair.user
+        var response = Response.json(Body(
+            accessToken: pair.accessToken, accessTokenExpiresAt: pair.accessTokenExpiresAt, refreshToken: pair.refreshToken,
+            refreshTokenExpiresAt: pair.refreshTokenExpiresAt,
+            user: withUser ? User(id: user.userId, userId: user.userId, email: user.email, name: user.name, provider: user.provider,
+                                  isNewUser: pair.isNewUser) : nil), status: .ok)
+        response.headers[HTTPField.Name("Pragma")!] = "no-cache"
+        return response
+    }
+
+    private func signedIn(_ user: CentralUser, clientID: String, upstream: CentralUpstream) async throws(CentralAPIError) -> Response {
+        do throws(OAuthError) {
+            return Self.answer(try await beginCentralSession(user: user, clientID: clientID, upstream: upstream), withUser: true)
+        } catch {
+            throw Self.apiError(error)
+        }
+    }
+
+    private static func apiError(_ failure: CentralFailure) -> CentralAPIError {
+        switch failure {
+        case .codeNotFound: CentralAPIError(status: 404, message: "Auth code not found")
+        case .rateLimited(let seconds): CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: seconds)
+        case .upstream(let error): apiError(error)
+        }
+    }
+
+    private static func apiError(_ error: OAuthError) -> CentralAPIError {
+        switch error.status {
+        case 503: CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: error.retryAfter ?? 5)
+        case 504: CentralAPIError(status: 504, message: "Gateway Timeout")
+        case 400..<500: CentralAPIError(status: error.status, message: error.detail)
+        default: CentralAPIError(status: 502, message: "Bad Gateway")
+        }
+    }
+}

@@ -1,0 +1,121 @@
+public import AsyncHTTPClient
+public import Foundation
+public import GatehouseCore
+public import Logging
+import NIOCore
+import NIOHTTP1
+
+/// What went wrong in an S2S call, in terms both of Gatehouse's faces can answer.
+public enum CentralFailure: Error, Sendable, Equatable {
+    /// The provider does not know the code (unknown, expired, used, or another app's): its 404.
+    case codeNotFound
+    /// The provider's own limit (5 e-mails per hour per address): its 429.
+    case rateLimited(retryAfter: Int)
+    /// The provider could not be reached (503, 504) or answered something unusable (502).
+    case upstream(OAuthError)
+
+    /// The same failure as an OAuth error, for `/oauth/*`.
+    public var oauthError: OAuthError {
+        switch self {
+        case .codeNotFound: .invalidGrant("the central sign-in provider does not know the code (unknown, expired or already used)")
+        case .rateLimited(let seconds): .upstreamUnavailable("the central sign-in provider asks to wait", retryAfter: seconds)
+        case .upstream(let error): error
+        }
+    }
+}
+
+/// Gatehouse's S2S calls to a central sign-in provider (`{api_base}/v1/auth/…`), each signed
+/// with the app's key (`CentralRequestSigner`) and bounded by the upstream's `timeout`.
+public struct CentralClient: Sendable {
+    let http: UpstreamHTTP
+    let central: CentralSettings
+    let now: @Sendable () -> Date
+
+    public init(settings: UpstreamSettings, central: CentralSettings, httpClient: HTTPClient, logger: Logger,
+                now: @escaping @Sendable () -> Date = Date.init) {
+        self.http = UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger)
+        self.central = central
+        self.now = now
+    }
+
+    var appID: String { http.settings.clientID }
+
+    /// `POST /v1/auth/verify {app, code}`: the user behind a one-minute code, which it spends.
+    public func verify(code: String) async throws(CentralFailure) -> CentralUser {
+        let answer = try await call("/v1/auth/verify", body: Self.object([("app", appID), ("code", code)]), purpose: "code verification")
+        if answer.status == 404 { throw .codeNotFound }
+        return try user(in: answer)
+    }
+
+    /// `POST /v1/auth/email {app, email, platform?}`: the provider e-mails a magic link.
+    public func sendMagicLink(email: String, platform: String?) async throws(CentralFailure) {
+        var members = [("app", appID), ("email", email)]
+        if let platform { members.append(("platform", platform)) }
+        let answer = try await call("/v1/auth/email", body: Self.object(members), purpose: "magic link")
+        guard answer.status == 200 else { throw refusal(answer) }
+        let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
+        guard object?["success"] as? Bool == true else {
+            throw .upstream(.badUpstream("the central sign-in provider did not confirm the e-mail"))
+        }
+    }
+
+    /// `POST /v1/auth/verify-native {app, email, name, provider: "apple"}`: the central user for
+    /// a person Gatehouse has checked (Sign in with Apple on iOS).
+    public func verifyNative(email: String, name: String) async throws(CentralFailure) -> CentralUser {
+        let body = Self.object([("app", appID), ("email", email), ("name", name), ("provider", "apple")])
+        return try user(in: try await call("/v1/auth/verify-native", body: body, purpose: "native verification"))
+    }
+
+    private func user(in answer: (status: Int, headers: HTTPHeaders, body: Data)) throws(CentralFailure) -> CentralUser {
+        guard answer.status == 200 else { throw refusal(answer) }
+        struct Answer: Decodable { let user: CentralUser }
+        guard let user = try? JSONDecoder().decode(Answer.self, from: answer.body).user, !user.userId.isEmpty else {
+            throw .upstream(.badUpstream("the central sign-in provider's answer has no user {userId, email, name, provider}"))
+        }
+        return user
+    }
+
+    private func refusal(_ answer: (status: Int, headers: HTTPHeaders, body: Data)) -> CentralFailure {
+        switch answer.status {
+        case 429:
+            let seconds = answer.headers.first(name: "Retry-After").flatMap(Int.init).map { max(1, min($0, 3600)) } ?? 60
+            return .rateLimited(retryAfter: seconds)
+        case 401:
+            // The provider refused Gatehouse's signature: a key or clock to fix here, not the app's doing.
+            http.logger.error("the central sign-in provider refused Gatehouse's S2S signature; check s2s_private_key_file and the clock",
+                              metadata: ["upstream": .string(http.settings.name)])
+            return .upstream(.badUpstream("the central sign-in provider refused Gatehouse's request"))
+        case 503:
+            return .upstream(.upstreamUnavailable("the central sign-in provider is temporarily unavailable"))
+        default:
+            return .upstream(.badUpstream("the central sign-in provider answered HTTP \(answer.status)"))
+        }
+    }
+
+    /// One signed POST; the timestamp is taken just before sending (the verifier allows 15 s).
+    private func call(_ path: String, body: String, purpose: String) async throws(CentralFailure) -> (status: Int, headers: HTTPHeaders, body: Data) {
+        var request = HTTPClientRequest(url: central.apiBase + path)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.headers.add(name: "Accept", value: "application/json")
+        do {
+            for (name, value) in try central.s2sKey.headers(appID: appID, path: path, body: body, timestamp: now()) {
+                request.headers.add(name: name, value: value)
+            }
+        } catch {
+            throw .upstream(.serverError("Gatehouse could not sign its request to the central sign-in provider"))
+        }
+        request.body = .bytes(ByteBuffer(string: body))
+        do throws(OAuthError) {
+            return try await http.sendWithHeaders(request, purpose: purpose)
+        } catch {
+            throw .upstream(error)
+        }
+    }
+
+    /// A JSON object with its members in the given order, as `JSON.stringify` of an object literal writes it.
+    static func object(_ members: [(String, String)]) -> String {
+        "{" + members.map { CentralRequestSigner.javaScriptString($0.0) + ":" + CentralRequestSigner.javaScriptString($0.1) }
+            .joined(separator: ",") + "}"
+    }
+}

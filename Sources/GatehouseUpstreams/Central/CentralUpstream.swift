@@ -1,0 +1,73 @@
+public import AsyncHTTPClient
+public import Foundation
+public import GatehouseCore
+public import Logging
+
+/// The `central` kind: a central sign-in provider in the broccoliapps style (seed 002).
+///
+/// - Sign-in: the browser goes to `{web_base}/auth?app&provider`; the provider signs the person
+///   in and redirects to the app's registered base URL, `/app/auth/callback?code=…` (Gatehouse's),
+///   with no `state`: Gatehouse keeps its state in a `__Secure-` cookie scoped to that path (`keepsStateInCookie`).
+/// - The one-minute code is verified with `POST {api_base}/v1/auth/verify`, RSA-signed
+///   (`CentralRequestSigner`); the answer's user is the grant's userinfo, its `userId` the subject.
+/// - There are no upstream tokens: Gatehouse mints the app's own (`CentralTokenKeys`), and never
+///   refreshes or revokes anything upstream.
+public struct CentralUpstream: UpstreamProfile {
+    public let settings: UpstreamSettings
+    public let central: CentralSettings
+    public let client: CentralClient
+    /// Sign in with Apple on iOS, when `apple:` is configured.
+    public let apple: AppleIdentityVerifier?
+
+    public init(settings: UpstreamSettings, central: CentralSettings, httpClient: HTTPClient, logger: Logger) {
+        self.settings = settings
+        self.central = central
+        self.client = CentralClient(settings: settings, central: central, httpClient: httpClient, logger: logger)
+        self.apple = central.apple.map { AppleIdentityVerifier(settings: $0, httpClient: httpClient, timeout: settings.timeout) }
+    }
+
+    public func beginAuthorization(_ start: AuthorizationStart) async throws(OAuthError) -> AuthorizationBegun {
+        let url = RedirectURI.appending([("app", settings.clientID), ("provider", central.provider.rawValue)], to: central.webBase + "/auth")
+        var begun = AuthorizationBegun(url: url, memo: UpstreamMemo())
+        begun.keepsStateInCookie = true
+        return begun
+    }
+
+    public func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
+        async throws(OAuthError) -> UpstreamGrant
+    {
+        let user: CentralUser
+        do throws(CentralFailure) {
+            user = try await client.verify(code: code)
+        } catch {
+            throw error.oauthError
+        }
+        return UpstreamGrant(tokens: nil, userinfo: user.json, subject: user.userId)
+    }
+
+    public var canRefresh: Bool { false }
+
+    public func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
+        throw .invalidGrant("a central sign-in provider issues no refresh tokens")
+    }
+
+    public func revoke(_ token: String, hint: String) async {}
+
+    static let kind = UpstreamRegistry.Kind(
+        decoder: UpstreamKindDecoder(defaultIdentity: IdentitySettings.gatehouseMinted, usesClientSecret: false) { map, _ in
+            CentralSettings.decode(map, clientID: map.string("client_id"))
+        },
+        make: { settings, client, logger in
+            guard let central = settings.profile as? CentralSettings else { preconditionFailure("a central upstream without CentralSettings") }
+            return CentralUpstream(settings: settings, central: central, httpClient: client, logger: logger)
+        })
+}
+
+extension CentralUser {
+    /// `{"email","name","provider","userId"}`: the userinfo a central session keeps.
+    public var json: Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return (try? encoder.encode(self)) ?? Data("{}".utf8)
+    }
+}
