@@ -126,6 +126,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "Support"))
 from secretsrecord import SecretsRecord, stop  # noqa: E402  (Tests/Support, shared with franceconnect.py)
+from doubleprocess import run_double  # noqa: E402
 
 FIXTURES = HERE.parent / "Fixtures" / "central"
 
@@ -1017,30 +1018,8 @@ def gatehouse_upstream(name, double, app_id, key_file=FIXTURES / "app-private.pe
 def start(workdir, name, config, env=None, python=None, record=None, port=0):
     """Context manager: runs this file as a process with `config` (dict), its log in WORKDIR/NAME.log;
     yields a Double. Secrets go to `record` (a path), else to GATEHOUSE_SECRETS_RECORD of `env`."""
-    import contextlib
-    import subprocess
-
-    @contextlib.contextmanager
-    def run():
-        config_path = Path(workdir) / f"{name}.json"
-        config_path.write_text(json.dumps(config))
-        log_path = Path(workdir) / f"{name}.log"
-        log = open(log_path, "w")
-        command = [python or sys.executable, __file__, "--config", str(config_path), "--port", str(port)]
-        if record:
-            command += ["--record", str(record)]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        try:
-            line = process.stdout.readline()  # the ready line, or "" when it died
-            if not line.startswith("{"):
-                process.wait(10)
-                raise RuntimeError(f"the central double {name} did not start:\n{log_path.read_text()[-2000:]}")
-            yield Double(json.loads(line), process, log_path)
-        finally:
-            stop(process)
-            log.close()
-
-    return run()
+    arguments = ("--port", str(port)) + (("--record", str(record)) if record else ())
+    return run_double(__file__, workdir, name, config, "central double", Double, env=env, python=python, arguments=arguments)
 
 
 def main():

@@ -116,6 +116,7 @@ from cryptography.exceptions import InvalidSignature
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Support"))
 from secretsrecord import SecretsRecord, stop  # noqa: E402  (Tests/Support, shared with Tests/Upstream/serve.py)
+from doubleprocess import run_double  # noqa: E402
 
 #: The identity pivot scopes and the optional ones (docs: "Scopes et claims").
 PIVOT_SCOPES = ["openid", "given_name", "family_name", "birthdate", "gender", "birthplace", "birthcountry"]
@@ -1031,28 +1032,8 @@ def gatehouse_upstream(name, double, client_id, secret_env, extra=""):
 def start(workdir, name, config, env=None, python=None):
     """Context manager: runs this file as a process with `config` (dict), its log in WORKDIR/NAME.log;
     yields a Double. The environment must hold the clients' secrets (client_secret_env)."""
-    import contextlib
-    import subprocess
-
-    @contextlib.contextmanager
-    def run():
-        config_path = workdir / f"{name}.json"
-        config_path.write_text(json.dumps(config))
-        log_path = workdir / f"{name}.log"
-        log = open(log_path, "w")
-        process = subprocess.Popen([python or sys.executable, __file__, "--config", str(config_path), "--port", "0"],
-                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        try:
-            line = process.stdout.readline()  # the ready line, or "" when it died
-            if not line.startswith("{"):
-                process.wait(10)
-                raise RuntimeError(f"the FranceConnect double {name} did not start:\n{log_path.read_text()[-2000:]}")
-            yield Double(json.loads(line), process, log_path)
-        finally:
-            stop(process)
-            log.close()
-
-    return run()
+    return run_double(__file__, workdir, name, config, "FranceConnect double", Double, env=env, python=python,
+                      arguments=("--port", "0"))
 
 
 def main():

@@ -328,6 +328,11 @@ class SilentServer:
                 return
             self.held.append(connection)
 
+    def stop(self):
+        self.socket.close()
+        for connection in self.held:
+            connection.close()
+
 
 class GarbageServer:
     """Answers every request with 200 and a body that is not JSON."""

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Doubles"))
 
 import central as centrald  # noqa: E402
+from conftest import SilentServer  # noqa: E402  (an upstream that never answers)
 from backends import EchoBackend  # noqa: E402
 from gatelog import served_by  # noqa: E402
 from nativeapp import App, free_port, query  # noqa: E402
@@ -132,31 +133,6 @@ def claims_of(token):
 
 
 # --------------------------------------------------------------------------- processes
-
-class SilentServer:
-    """Accepts connections and never answers: a central provider slower than any timeout."""
-
-    def __init__(self):
-        self.socket = socket.socket()
-        self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(64)
-        self.port = self.socket.getsockname()[1]
-        self.held = []
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            try:
-                connection, _ = self.socket.accept()
-            except OSError:
-                return
-            self.held.append(connection)
-
-    def stop(self):
-        self.socket.close()
-        for connection in self.held:
-            connection.close()
-
 
 def wait_until(predicate, timeout, what):
     """Polls an observable condition (never a fixed sleep) until it holds; fails after `timeout`."""

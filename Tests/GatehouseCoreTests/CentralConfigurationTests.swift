@@ -37,12 +37,7 @@ struct CentralConfigurationTests {
         readFile: { _ in "v1 " + String(repeating: "A", count: 43) + "\n" })
 
     static func problems(_ document: ConfigNode) -> [String] {
-        do {
-            _ = try GatehouseConfiguration.decode(document, secrets: secrets)
-            return []
-        } catch {
-            return error.problems.map { "\($0.path): \($0.message)" }
-        }
+        ConfigurationTests.problems(document, secrets: secrets)
     }
 
     @Test func productionDefaultsAreTheSeeds() throws {

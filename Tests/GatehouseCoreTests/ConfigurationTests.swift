@@ -124,7 +124,7 @@ extension ConfigurationTests {
         ])
     }
 
-    static func problems(_ document: ConfigNode) -> [String] {
+    static func problems(_ document: ConfigNode, secrets: GatehouseConfiguration.SecretLookup = secrets) -> [String] {
         do {
             _ = try GatehouseConfiguration.decode(document, secrets: secrets)
             return []
