@@ -37,6 +37,7 @@ from backends import EchoBackend, JWTIssuer, PersonalInformationService  # noqa:
 from gatelog import LogFollower, served_by  # noqa: E402,F401
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
+from tokenproxy import session_keys  # noqa: E402
 
 #: eve's business partner id, as her identity service answers it: with a CR LF and what
 #: would be a header of its own if Gatehouse wrote it as it is.
@@ -420,9 +421,7 @@ upstreams:{oauth2("legacy", up + "/o/token/", identity=PERSONAL_XML.format(relay
 clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}{client("com.example.sealed", "legacy", exposure="sealed")}{client("com.example.app2", "legacy")}{client("com.example.sealed2", "legacy", exposure="sealed")}
 {routes(relay_doubles["backend"].url, closed_port)}
 """
-    keys = workdir / "session-keys"
-    subprocess.run([str(binary), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
+    keys = session_keys(workdir, "session-keys", seen)
     config += f"""
 sessions:
   encryption_keys_file: {keys}

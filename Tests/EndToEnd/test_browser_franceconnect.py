@@ -20,7 +20,6 @@ URLs it visited, which the suite's log scan (test_zz) would rightly call leaks.
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT / "Tests/Doubles"))
 
 import franceconnect as fcd  # noqa: E402
 from nativeapp import App, free_port  # noqa: E402
-from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store  # noqa: E402
+from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 CLIENT = "com.example.browser"
@@ -120,9 +119,7 @@ def setup(workdir, seen):
     env = dict(os.environ, FC_SECRET_BROWSER=secrets.token_urlsafe(32))
     seen.add(env["FC_SECRET_BROWSER"], kind="upstream client secret")
     app_server = LoopbackApp()
-    keys = workdir / "fc-browser-session-keys"
-    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
+    keys = session_keys(workdir, "fc-browser-session-keys", seen)
     double_config = {"version": "v2", "alg": "ES256", "clients": [{
         "client_id": "gatehouse-browser", "client_secret_env": "FC_SECRET_BROWSER", "name": "Gatehouse (navigateur)",
         "redirect_uris": [f"{base}/oauth/callback"], "post_logout_redirect_uris": [f"{base}/oauth/logout/callback"]}]}

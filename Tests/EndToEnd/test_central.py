@@ -44,7 +44,7 @@ from conftest import SilentServer  # noqa: E402  (an upstream that never answers
 from backends import EchoBackend  # noqa: E402
 from gatelog import served_by  # noqa: E402
 from nativeapp import App, free_port, query  # noqa: E402
-from tokenproxy import gatehouse_binary, run_gatehouse  # noqa: E402
+from tokenproxy import run_gatehouse, session_keys  # noqa: E402
 
 FIXTURES = ROOT / "Tests/Fixtures/central"
 APP = "tasquito"
@@ -199,14 +199,6 @@ server:
   max_body_bytes: {MAX_BODY}
 store:
   sqlite_path: {store}"""
-
-
-def session_keys(workdir, name, seen):
-    keys = workdir / name
-    if not keys.exists():
-        subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
-    return keys
 
 
 def single_app_config(port, store, keys, double, backend, signing=("jwt-a.pem",), grace=None):

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "Tests/Doubles"))
 import franceconnect as fcd  # noqa: E402
 from backends import EchoBackend  # noqa: E402
 from nativeapp import App, free_port, query  # noqa: E402
-from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store  # noqa: E402
+from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
 
 APP_REDIRECT = "com.example.app:/oauth2redirect"
 APP_SIGNED_OUT = "com.example.app:/signed-out"
@@ -75,9 +75,7 @@ def fc(workdir, seen):
             "redirect_uris": [f"{base}/oauth/callback"], "post_logout_redirect_uris": [f"{base}/oauth/logout/callback"]}]}
 
     backend = EchoBackend()
-    keys = workdir / "fc-session-keys"
-    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
+    keys = session_keys(workdir, "fc-session-keys", seen)
     with fcd.start(workdir, "fc-double-v2", double_config("fc", "v2"), env) as v2, \
             fcd.start(workdir, "fc-double-rs", double_config("fc-rs", "v2", "RS256"), env) as rs, \
             fcd.start(workdir, "fc-double-jwks", double_config("fc-jwks", "v2"), env) as jwks, \

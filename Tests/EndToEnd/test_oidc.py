@@ -24,7 +24,6 @@ tokens DOT issued (the secrets record of serve.py), DOT's own JWKS and client se
 import base64
 import json
 import secrets
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +35,7 @@ from jwcrypto import jwk, jwt
 
 from backends import EchoBackend
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pkce_pair, query
-from tokenproxy import gatehouse_binary, run_gatehouse, run_upstream, server_and_store
+from tokenproxy import run_gatehouse, session_keys, run_upstream, server_and_store
 
 SCOPES = "openid profile email"
 POST_LOGOUT = "com.example.app:/signed-out"
@@ -133,15 +132,6 @@ def client(client_id, upstream, exposure="sealed", wiring="callback"):
     post_logout_redirect_uris: ["{POST_LOGOUT}"]"""
 
 
-def key_ring(workdir, seen):
-    keys = workdir / "oidc-session-keys"
-    if not keys.exists():
-        subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True,
-                       capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
-    return keys
-
-
 @pytest.fixture(scope="module")
 def oidc(workdir, seen):
     port = free_port()
@@ -172,7 +162,7 @@ routes:
       X-Given-Name: given_name
       X-Email: email
 sessions:
-  encryption_keys_file: {key_ring(workdir, seen)}
+  encryption_keys_file: {session_keys(workdir, "oidc-session-keys", seen)}
 """
         try:
             with run_gatehouse(workdir, "oidc", config, up["env"]) as process:
@@ -535,7 +525,7 @@ def mismatched(oidc, workdir, seen):
 upstreams:{oidc_upstream("elsewhere", proxy.url + "/o", "gatehouse-oidc", "RS256")}
 clients:{client("com.example.mismatch", "elsewhere")}
 sessions:
-  encryption_keys_file: {key_ring(workdir, seen)}
+  encryption_keys_file: {session_keys(workdir, "oidc-session-keys", seen)}
 """
     try:
         with run_gatehouse(workdir, "oidc-mismatch", config, oidc["upstream"]["env"]) as process:

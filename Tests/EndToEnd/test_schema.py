@@ -42,7 +42,7 @@ import schemathesis
 
 from gatelog import fields, request_id_of
 from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
-from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store
+from tokenproxy import run_gatehouse, session_keys, server_and_store
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Doubles"))
@@ -271,9 +271,7 @@ def fc_gatehouse(workdir, seen):
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, FC_SECRET_SCHEMA=secrets.token_urlsafe(32), PLAIN_SECRET_SCHEMA=secrets.token_urlsafe(32))
     seen.add(env["FC_SECRET_SCHEMA"], env["PLAIN_SECRET_SCHEMA"], kind="upstream client secret")
-    keys = workdir / "schema-session-keys"
-    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
+    keys = session_keys(workdir, "schema-session-keys", seen)
     double_config = {"version": "v2", "alg": "ES256", "clients": [{
         "client_id": "gatehouse-schema", "client_secret_env": "FC_SECRET_SCHEMA", "name": "Gatehouse (schema)",
         "redirect_uris": [f"{base}/oauth/callback"], "post_logout_redirect_uris": [f"{base}/oauth/logout/callback"]}]}
@@ -425,9 +423,7 @@ def central_gatehouse(workdir, seen, relay_doubles):
         seen.add(*lines, kind="central fixture private key (PEM line)")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    keys = workdir / "schema-central-session-keys"
-    subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
-    seen.add_key_ring(keys)
+    keys = session_keys(workdir, "schema-central-session-keys", seen)
     double_config = {"apps": {CENTRAL_APP_ID: ctd.app_config(base, mobile_scheme="tasquito")},
                      "appleBundleIds": {CENTRAL_APP_ID: CENTRAL_BUNDLE}}
     with ctd.start(workdir, "schema-central-double", double_config) as double:

@@ -246,6 +246,16 @@ def gatehouse_binary():
     return binary
 
 
+def session_keys(workdir, name, seen):
+    """A session key ring file WORKDIR/NAME (`gatehouse keys generate`, made once), its keys registered
+    with `seen` so the secret scans look for them."""
+    keys = Path(workdir) / name
+    if not keys.exists():
+        subprocess.run([str(gatehouse_binary()), "keys", "generate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+    seen.add_key_ring(keys)
+    return keys
+
+
 def server_and_store(port, store):
     """The `server:` and `store:` sections of a Gatehouse on 127.0.0.1:PORT; `store` is a SQLite
     path or the YAML lines of a `postgres:` mapping."""
