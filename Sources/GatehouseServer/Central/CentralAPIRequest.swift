@@ -78,15 +78,16 @@ struct CentralAPIRequest {
     private static func problem(with value: Any, as field: Field) -> String? {
         switch field {
         case .string(let maximum):
-            guard let text = stringValue(value) else { return "must be a string" }
+            // `JSONSerialization` gives numbers and booleans as NSNumber, never as String.
+            guard let text = value as? String else { return "must be a string" }
             if text.isEmpty { return "must not be empty" }
             if text.utf8.count > maximum { return "must be at most \(maximum) bytes" }
             return nil
         case .email:
-            guard let text = stringValue(value) else { return "must be a string" }
+            guard let text = value as? String else { return "must be a string" }
             return isEmail(text) ? nil : "must be an e-mail address"
         case .word(let words):
-            guard let text = stringValue(value) else { return "must be a string" }
+            guard let text = value as? String else { return "must be a string" }
             return words.contains(text) ? nil : "must be one of: \(words.joined(separator: ", "))"
         case .personName:
             guard let object = value as? [String: Any] else { return "must be an object" }
@@ -95,16 +96,11 @@ struct CentralAPIRequest {
             }
             for key in ["givenName", "familyName"] {
                 guard let member = object[key], !(member is NSNull) else { continue }
-                guard let text = stringValue(member) else { return "\(key) must be a string or null" }
+                guard let text = member as? String else { return "\(key) must be a string or null" }
                 if text.utf8.count > 256 { return "\(key) must be at most 256 bytes" }
             }
             return nil
         }
-    }
-
-    /// A JSON string; `JSONSerialization` gives numbers and booleans as NSNumber, never String.
-    private static func stringValue(_ value: Any) -> String? {
-        value as? String
     }
 
     /// valibot's `email()` rule, as the central provider checks the address (its `EMAIL_REGEX`,

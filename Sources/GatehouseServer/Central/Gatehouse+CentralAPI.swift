@@ -1,7 +1,6 @@
 import Foundation
 import GatehouseCore
 import GatehouseUpstreams
-import HTTPTypes
 import Hummingbird
 import Logging
 
@@ -39,7 +38,7 @@ extension Gatehouse {
                 } catch {
                     throw Self.apiError(error)
                 }
-                return Self.answer(pair, withUser: true)
+                return Self.answer(pair)
             case .sendMagicLink:
                 let body = try await CentralAPIRequest(&request, limit: limit, fields: [("email", .email, true), ("platform", .word(["mobile"]), false)])
                 let email = body["email"] ?? ""
@@ -111,7 +110,7 @@ extension Gatehouse {
 
     /// The seed's token answer: `{accessToken, accessTokenExpiresAt, refreshToken, refreshTokenExpiresAt, user}`;
     /// `user` carries both the seed's app shape (`id`, `isNewUser`) and the central one (`userId`, `provider`).
-    private static func answer(_ pair: CentralPair, withUser: Bool) -> Response {
+    private static func answer(_ pair: CentralPair) -> Response {
         struct User: Encodable {
             let id: String
             let userId: String
@@ -125,21 +124,19 @@ extension Gatehouse {
             let accessTokenExpiresAt: Int64
             let refreshToken: String
             let refreshTokenExpiresAt: Int64
-            let user: User?
+            let user: User
         }
         let user = pair.user
-        var response = Response.json(Body(
+        return .oauthJSON(JSONCoding.encode(Body(
             accessToken: pair.accessToken, accessTokenExpiresAt: pair.accessTokenExpiresAt, refreshToken: pair.refreshToken,
             refreshTokenExpiresAt: pair.refreshTokenExpiresAt,
-            user: withUser ? User(id: user.userId, userId: user.userId, email: user.email, name: user.name, provider: user.provider,
-                                  isNewUser: pair.isNewUser) : nil), status: .ok)
-        response.headers[HTTPField.Name("Pragma")!] = "no-cache"
-        return response
+            user: User(id: user.userId, userId: user.userId, email: user.email, name: user.name, provider: user.provider,
+                       isNewUser: pair.isNewUser))))
     }
 
     private func signedIn(_ user: CentralUser, clientID: String, upstream: CentralUpstream) async throws(CentralAPIError) -> Response {
         do throws(OAuthError) {
-            return Self.answer(try await beginCentralSession(user: user, clientID: clientID, upstream: upstream), withUser: true)
+            return Self.answer(try await beginCentralSession(user: user, clientID: clientID, upstream: upstream))
         } catch {
             throw Self.apiError(error)
         }

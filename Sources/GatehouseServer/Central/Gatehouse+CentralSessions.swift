@@ -71,16 +71,23 @@ extension Gatehouse {
         return pair
     }
 
-    /// A new access token and refresh token for a session; the refresh token never outlives it.
+    /// A new access token for a session, with a new refresh token that never outlives the session,
+    /// or with the one in `kept` (`refresh_rotation: after_80_percent`, before 80 % of its life).
     private func mintCentralPair(user: CentralUser, sessionID: String, sessionExpiresAt: Date, upstream: CentralUpstream,
-                                 sessions: SessionServices, now: Date) async throws(OAuthError) -> CentralPair {
+                                 sessions: SessionServices, now: Date, kept: (token: String, expiresAt: Date)? = nil)
+        async throws(OAuthError) -> CentralPair
+    {
         let accessExpiresAt = now.addingTimeInterval(upstream.central.accessTokenLifetime.inSeconds)
-        let refreshExpiresAt = min(sessionExpiresAt, now.addingTimeInterval(upstream.central.refreshTokenLifetime.inSeconds))
-        let refreshToken = Self.centralRefreshToken()
+        let refreshToken = kept?.token ?? Self.centralRefreshToken()
+        let refreshExpiresAt = kept?.expiresAt
+            ?? min(sessionExpiresAt, now.addingTimeInterval(upstream.central.refreshTokenLifetime.inSeconds))
         let accessToken: String
         do {
             accessToken = try upstream.central.tokenKeys.accessToken(for: user, issuedAt: now, expiresAt: accessExpiresAt)
-            try await sessions.store.insertRefreshToken(hash: Self.centralRefreshHash(refreshToken), sessionID: sessionID, expiresAt: refreshExpiresAt)
+            if kept == nil {
+                try await sessions.store.insertRefreshToken(hash: Self.centralRefreshHash(refreshToken), sessionID: sessionID,
+                                                            expiresAt: refreshExpiresAt)
+            }
         } catch {
             throw .serverError("Gatehouse could not record the tokens")
         }
@@ -102,18 +109,11 @@ extension Gatehouse {
                 throw .invalidGrant("the refresh token is invalid, expired or revoked")
             }
             let remaining = record.expiresAt.timeIntervalSince(now) / central.refreshTokenLifetime.inSeconds
-            if central.rotation == .after80Percent, remaining >= 0.2 {
-                let accessExpiresAt = now.addingTimeInterval(central.accessTokenLifetime.inSeconds)
-                guard let accessToken = try? central.tokenKeys.accessToken(for: user, issuedAt: now, expiresAt: accessExpiresAt) else {
-                    throw .serverError("Gatehouse could not sign the access token")
-                }
-                let pair = CentralPair(accessToken: accessToken, accessTokenExpiresAt: Self.milliseconds(accessExpiresAt),
-                                       refreshToken: refreshToken, refreshTokenExpiresAt: Self.milliseconds(record.expiresAt), user: user)
-                return RotationSuccessor(body: JSONCoding.encode(pair), accessHash: nil, refreshHash: "", replacesToken: false)
-            }
-            let pair = try await mintCentralPair(user: user, sessionID: session.id, sessionExpiresAt: session.expiresAt,
-                                                 upstream: upstream, sessions: sessions, now: now)
-            return RotationSuccessor(body: JSONCoding.encode(pair), accessHash: nil, refreshHash: Self.centralRefreshHash(pair.refreshToken))
+            let keeps = central.rotation == .after80Percent && remaining >= 0.2
+            let pair = try await mintCentralPair(user: user, sessionID: session.id, sessionExpiresAt: session.expiresAt, upstream: upstream,
+                                                 sessions: sessions, now: now, kept: keeps ? (refreshToken, record.expiresAt) : nil)
+            return RotationSuccessor(body: JSONCoding.encode(pair), accessHash: nil, refreshHash: Self.centralRefreshHash(pair.refreshToken),
+                                     replacesToken: !keeps)
         }
         guard let pair = try? JSONDecoder().decode(CentralPair.self, from: body) else {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")

@@ -8,13 +8,11 @@ import GatehouseCore
 /// `user` the app sent, an `email`, and the app's `nonce` when it sent one.
 public struct AppleIdentityVerifier: Sendable {
     /// Who Apple says signed in.
-    public struct Identity: Sendable, Equatable {
+    public struct Identity: Sendable {
         public let subject: String
         public let email: String
         /// The token's `exp`: until then it must not be taken twice.
-        public var expiresAt: Date = .distantPast
-
-        public static func == (lhs: Identity, rhs: Identity) -> Bool { lhs.subject == rhs.subject && lhs.email == rhs.email }
+        public let expiresAt: Date
     }
 
     let settings: CentralSettings.Apple
