@@ -23,11 +23,18 @@ public struct Gatehouse: Sendable {
     /// Magic links sent per address, per `central` upstream with `app_api`.
     let magicLinkLimiters: [String: MagicLinkLimiter]
     /// Sign in with Apple identity tokens already taken (each opens one session).
-    let appleTokensTaken = SingleUseTokens()
+    let appleTokensTaken: SingleUseTokens
+    /// The token buckets of `rate_limits`.
+    public let limits: RateLimiters
+    /// Security events (sign-ins, refreshes, revocations …).
+    public let audit: AuditLog
 
+    /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
+    /// buckets, magic-link counts, Apple tokens taken, refreshes in flight) carries over.
     public init(configuration: GatehouseConfiguration, store: any GatehouseStore,
                 upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
-                signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger) {
+                signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger,
+                audit: AuditLog = AuditLog(), previous: Gatehouse? = nil) {
         self.signer = signer ?? relay?.signer
         self.configuration = configuration
         self.store = store
@@ -36,10 +43,14 @@ public struct Gatehouse: Sendable {
         self.sessions = sessions
         self.now = now
         self.logger = logger
-        self.magicLinkLimiters = upstreams.compactMapValues { profile in
+        self.audit = audit
+        self.limits = RateLimiters(configuration.operations.rateLimits, previous: previous?.limits)
+        self.appleTokensTaken = previous?.appleTokensTaken ?? SingleUseTokens()
+        self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
             (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
         }
-        self.passthrough = PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger)
+        // Its settings come from `sessions`, which a reload never changes.
+        self.passthrough = previous?.passthrough ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit)
     }
 
     /// The issuer identifier: the public base URL (RFC 8414 §2).

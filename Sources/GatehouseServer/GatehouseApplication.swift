@@ -9,6 +9,7 @@ import HTTPTypes
 public import Logging
 import NIOCore
 import NIOPosix
+import Prometheus
 import ServiceLifecycle
 
 /// Builds and runs the Hummingbird application around a `Gatehouse`.
@@ -31,25 +32,50 @@ public enum GatehouseApplication {
 
     /// The router with every endpoint; in-process tests drive it directly.
     public static func router(for gatehouse: Gatehouse) -> Router<GatehouseRequestContext> {
+        router(holder: GatehouseHolder(gatehouse))
+    }
+
+    /// The router, reading the `Gatehouse` in force from `holder` once per request (SIGHUP swaps it).
+    /// `metrics`: the registry `/metrics` reads when `observability.metrics.allow` opens it on this port.
+    static func router(holder: GatehouseHolder, readiness: Readiness = Readiness(),
+                       metrics: PrometheusCollectorRegistry? = nil) -> Router<GatehouseRequestContext> {
         let router = Router(context: GatehouseRequestContext.self)
+        let gatehouse = holder.current
+        // A reload never changes upstreams, so the central endpoints are the same for every `Gatehouse` the holder will hold.
         let centralRoutes = centralAPIRoutes(of: gatehouse)
-        let known = routes.merging(centralRoutes.map { ($0.path, [HTTPRequest.Method.post]) }) { first, _ in first }
-        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, configuration: gatehouse.configuration))
-        router.add(middleware: RelayMiddleware(gatehouse: gatehouse))
-        router.get("/.well-known/oauth-authorization-server") { _, _ in gatehouse.metadata() }
-        router.get("/oauth/authorize") { request, _ in await gatehouse.authorize(request) }
-        router.get("/oauth/callback") { request, _ in await gatehouse.callback(request) }
-        router.post("/oauth/token") { request, _ in await gatehouse.token(request) }
-        router.post("/oauth/revoke") { request, _ in await gatehouse.revoke(request) }
-        router.get("/healthz") { _, _ in gatehouse.health() }
-        router.get("/readyz") { request, _ in await gatehouse.readiness(request) }
-        router.get("/.well-known/jwks.json") { request, _ in gatehouse.jwks(request) }
-        router.get("/userinfo") { request, _ in await gatehouse.userinfo(request) }
-        router.get("/oauth/logout") { request, _ in await gatehouse.logout(request) }
-        router.get("/oauth/logout/callback") { request, _ in await gatehouse.logoutCallback(request) }
-        router.get("/app/auth/callback") { request, _ in await gatehouse.centralCallback(request) }
+        var known = routes.merging(centralRoutes.map { ($0.path, [HTTPRequest.Method.post]) }) { first, _ in first }
+        let metricsAllowed = gatehouse.configuration.operations.metrics?.allow ?? []
+        if metrics != nil, !metricsAllowed.isEmpty { known["/metrics"] = [.get] }
+        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, holder: holder))
+        router.add(middleware: RateLimitMiddleware(holder: holder))
+        router.add(middleware: RelayMiddleware(holder: holder))
+        router.get("/.well-known/oauth-authorization-server") { _, _ in holder.current.metadata() }
+        router.get("/oauth/authorize") { request, _ in await holder.current.authorize(request) }
+        router.get("/oauth/callback") { request, _ in await holder.current.callback(request) }
+        router.post("/oauth/token") { request, _ in await holder.current.token(request) }
+        router.post("/oauth/revoke") { request, _ in await holder.current.revoke(request) }
+        router.get("/healthz") { _, _ in holder.current.health() }
+        router.get("/readyz") { request, _ in
+            // From SIGTERM on, load balancers are told to stop sending; requests are still served.
+            readiness.isDraining ? Response.problem(.shuttingDown(), for: request) : await holder.current.readiness(request)
+        }
+        router.get("/.well-known/jwks.json") { request, _ in holder.current.jwks(request) }
+        router.get("/userinfo") { request, _ in await holder.current.userinfo(request) }
+        router.get("/oauth/logout") { request, _ in await holder.current.logout(request) }
+        router.get("/oauth/logout/callback") { request, _ in await holder.current.logoutCallback(request) }
+        router.get("/app/auth/callback") { request, _ in await holder.current.centralCallback(request) }
         for (path, endpoint, upstream) in centralRoutes {
-            router.post(RouterPath(path)) { request, _ in await gatehouse.centralAPI(request, endpoint: endpoint, upstream: upstream) }
+            // Upstream profiles carry over a reload unchanged: the one captured here stays the one in force.
+            router.post(RouterPath(path)) { request, _ in await holder.current.centralAPI(request, endpoint: endpoint, upstream: upstream) }
+        }
+        if let metrics, !metricsAllowed.isEmpty {
+            router.get("/metrics") { request, context in
+                // Only to the configured addresses; to anyone else there is nothing here.
+                guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }) else {
+                    return Response.problem(.notFound(), for: request)
+                }
+                return MetricsExport.response(metrics)
+            }
         }
         return router
     }
@@ -90,46 +116,54 @@ public enum GatehouseApplication {
         let (seconds, attoseconds) = configuration.server.upstreamConnectTimeout.components
         clientConfiguration.timeout.connect = .milliseconds(seconds * 1000 + attoseconds / 1_000_000_000_000_000)
         clientConfiguration.decompression = .disabled
+        // Gatehouse makes its own client spans (no URL, no query: they can hold codes and tokens) and
+        // injects `traceparent` once; AsyncHTTPClient's own tracing would add a second of each.
+        clientConfiguration.tracing.tracer = nil
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: clientConfiguration)
     }
 
-    /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then closes cleanly.
-    public static func run(configuration: GatehouseConfiguration, logger: Logger) async throws {
+    /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then drains and closes
+    /// cleanly (`Lifecycle`); SIGHUP reloads `configurationPath` (clients, routes, rate limits).
+    public static func run(configuration: GatehouseConfiguration, document: ConfigNode? = nil, configurationPath: String? = nil,
+                           logger: Logger) async throws {
+        // Metrics and traces first: handles made from here on report to them.
+        let registry = configuration.operations.metrics.map { _ in MetricsExport.bootstrap() }
+        let tracing = try configuration.operations.tracing.map(TracingExport.bootstrap)
         let opened = try await OpenedStore.open(configuration, logger: logger)
         let store = opened.store
         let httpClient = makeHTTPClient(for: configuration)
         let signer = try await makeSigner(for: configuration, logger: logger)
-        let relay = try await makeRelayServices(for: configuration, httpClient: httpClient, signer: signer, logger: logger)
+        let cache = IdentityCache(maximumEntries: configuration.identityCache.maximumEntries)
+        let relay = makeRelayServices(for: configuration, httpClient: httpClient, cache: cache, signer: signer, backendClient: nil)
         let profiles = upstreamClients(for: configuration, httpClient: httpClient, logger: logger)
         let nonRefreshing = Set(profiles.filter { !$0.value.canRefresh }.keys)
         let sessions = configuration.sessions.map {
             SessionServices(store: store, settings: $0, logger: logger, nonRefreshingUpstreams: nonRefreshing)
         }
         let revocations: [any Service] = opened.postgres.map {
-            [RevocationListener(store: $0, sessions: sessions, identityCache: relay?.cache, logger: logger)]
+            [RevocationListener(store: $0, sessions: sessions, identityCache: cache, logger: logger)]
         } ?? []
         let gatehouse = Gatehouse(configuration: configuration, store: store,
                                   upstreams: profiles,
                                   relay: relay, sessions: sessions, signer: signer, logger: logger)
+        let holder = GatehouseHolder(gatehouse)
+        let readiness = Readiness()
+        let planner = ReloadablePlanner(fastRelayPlanner(for: gatehouse))
+        let pool = BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
+                                         connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds))
+        let reloader = Reloader(holder: holder, planner: planner, httpClient: httpClient, cache: cache, document: document, logger: logger)
         let issuer = configuration.server.publicBaseURL
-        let fastPath = relay.map { relay in
-            (planner: FastRelayPlanner(configuration: configuration, relay: relay, sessions: sessions, logger: logger),
-             pool: BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
-                                         connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds)))
-        }
         let limiter = ConnectionLimiter(maximum: configuration.server.maximumConnections)
         let headerReadTimeout = TimeAmount.nanoseconds(configuration.server.headerReadTimeout.inNanoseconds)
         let idleTimeout = TimeAmount.nanoseconds(configuration.server.idleTimeout.inNanoseconds)
         let bodyReadTimeout = TimeAmount.nanoseconds(configuration.server.bodyReadTimeout.inNanoseconds)
         var app = Application(
-            router: router(for: gatehouse),
+            router: router(holder: holder, readiness: readiness, metrics: registry),
             server: .http1(configuration: .init(additionalChannelHandlers: [
                 EdgeInstaller(limiter: limiter, logger: logger,
                               edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, bodyReadTimeout: bodyReadTimeout,
                                                             idleTimeout: idleTimeout, logger: logger) },
-                              fastPath: fastPath.map { fastPath in
-                                  { FastRelayHandler(planner: fastPath.planner, pool: fastPath.pool, logger: logger) }
-                              }),
+                              fastPath: { FastRelayHandler(planner: planner, pool: pool, logger: logger) }),
             ])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
@@ -143,17 +177,37 @@ public enum GatehouseApplication {
             logger: logger)
         // The pooled client runs as a service; migrations wait for it, then the server starts.
         app.beforeServerStarts { try await opened.prepare() }
+        var observability: [any Service] = tracing.map { [$0] } ?? []
+        if let registry, let metrics = configuration.operations.metrics, let host = metrics.listenHost, let port = metrics.listenPort {
+            observability.append(MetricsExport.listener(host: host, port: port, registry: registry, logger: logger))
+        }
+        let lifecycle = Lifecycle(readiness: readiness, drain: configuration.server.shutdownDrain, logger: logger) {
+            guard let configurationPath else {
+                return logger.warning("configuration reload refused: no configuration file to read")
+            }
+            await reloader.reload(from: configurationPath)
+        }
         do {
-            try await app.runService()
+            try await lifecycle.run(app, beside: observability, timeout: configuration.server.shutdownTimeout)
         } catch {
-            try? await relay?.backendClient.shutdown()
-            try? await httpClient.shutdown()
-            await opened.close()
+            await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
             throw error
         }
-        try await relay?.backendClient.shutdown()
-        try await httpClient.shutdown()
-        await opened.close()
+        await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
+    }
+
+    private static func close(relay backendClients: [HTTPClient], httpClient: HTTPClient, store: OpenedStore) async {
+        for client in backendClients { try? await client.shutdown() }
+        try? await httpClient.shutdown()
+        await store.close()
+    }
+
+    /// The fast path's planner for `gatehouse`; `nil` without routes.
+    static func fastRelayPlanner(for gatehouse: Gatehouse) -> FastRelayPlanner? {
+        gatehouse.relay.map { relay in
+            FastRelayPlanner(configuration: gatehouse.configuration, relay: relay, sessions: gatehouse.sessions, limits: gatehouse.limits,
+                             tracingEnabled: gatehouse.configuration.operations.tracing != nil, logger: gatehouse.logger)
+        }
     }
 
     /// Gatehouse's signing key, when something needs it: a route with `authorization: assertion`,
@@ -185,10 +239,17 @@ public enum GatehouseApplication {
     public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient,
                                          signer: AssertionSigner? = nil, logger: Logger) async throws -> RelayServices?
     {
+        makeRelayServices(for: configuration, httpClient: httpClient,
+                          cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries), signer: signer, backendClient: nil)
+    }
+
+    /// The relay's services around a given cache (kept across reloads) and backend client (a new one when `nil`).
+    static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient, cache: IdentityCache,
+                                  signer: AssertionSigner?, backendClient: HTTPClient?) -> RelayServices? {
         guard !configuration.routes.isEmpty else { return nil }
         return RelayServices(
-            configuration: configuration, cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries),
+            configuration: configuration, cache: cache,
             resolvers: configuration.identityResolvers(client: httpClient),
-            backendClient: RelayServices.makeBackendClient(for: configuration), signer: signer)
+            backendClient: backendClient ?? RelayServices.makeBackendClient(for: configuration), signer: signer)
     }
 }

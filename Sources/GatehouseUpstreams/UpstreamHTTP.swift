@@ -1,31 +1,66 @@
 public import AsyncHTTPClient
+public import CoreMetrics
 import Foundation
 public import GatehouseCore
 public import Logging
-import NIOCore
-import NIOHTTP1
+public import NIOCore
+public import NIOHTTP1
 
 /// Gatehouse's exchanges with one upstream, whatever its kind: token requests with its client
 /// credentials, revocations, and plain reads (discovery, JWKS, userinfo), each bounded by the
-/// upstream's `timeout`, body included.
+/// upstream's `timeout`, body included, and each counted, timed and traced (`UpstreamTelemetry`).
+///
+/// After the token endpoint answers 429, no code exchange or refresh is sent until the wait it
+/// asked for is over (`UpstreamBackoff`): the app is answered 503 with `Retry-After` at once.
 public struct UpstreamHTTP: Sendable {
     public let settings: UpstreamSettings
-    let httpClient: HTTPClient
     public let logger: Logger
+    let transport: Transport
+    let telemetry: UpstreamTelemetry
+    let backoff: UpstreamBackoff
+
+    /// One request and the whole answer (at most `maximumResponseBytes`), within the timeout.
+    typealias Transport = @Sendable (HTTPClientRequest, Duration) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer)
 
     /// Largest answer read from an upstream.
     static let maximumResponseBytes = 256 * 1024
 
     public init(settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger) {
+        self.init(settings: settings, transport: Self.transport(over: httpClient), logger: logger)
+    }
+
+    /// - Parameters:
+    ///   - metrics: `nil` counts in the process's metrics; tests hand in their own factory.
+    ///   - now: the clock of the 429 backoff.
+    init(settings: UpstreamSettings, transport: @escaping Transport, logger: Logger, metrics: (any MetricsFactory)? = nil,
+         now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
         self.settings = settings
-        self.httpClient = httpClient
+        self.transport = transport
         self.logger = logger
+        self.telemetry = UpstreamTelemetry(upstream: settings.name, metrics: metrics)
+        self.backoff = UpstreamBackoff(now: now)
     }
 
     /// A token-endpoint request (code, refresh) and its checked answer.
-    func tokenRequest(url: String, _ parameters: [(String, String)], purpose: String) async throws(OAuthError) -> UpstreamTokenResponse {
+    func tokenRequest(url: String, _ parameters: [(String, String)], endpoint: UpstreamEndpoint, purpose: String)
+        async throws(OAuthError) -> UpstreamTokenResponse
+    {
+        if let seconds = backoff.remainingSeconds() {
+            // Nothing is sent: a refusal by Gatehouse, which no retry loop should repeat.
+            telemetry.rateLimited(.upstream_backoff)
+            throw .upstreamUnavailable("the authorization server asked Gatehouse to slow down; retry after \(seconds) s", retryAfter: seconds)
+        }
         let request = settings.authenticatedForm(url: url, parameters)
-        let (status, data) = try await send(request, purpose: purpose)
+        let (status, headers, data) = try await sendWithHeaders(request, endpoint: endpoint, purpose: purpose)
+        if status == 429 {
+            let seconds = backoff.start(retryAfter: headers.first(name: "Retry-After"))
+            logger.warning("upstream \(purpose) rate limited; backing off", metadata: [
+                "upstream": .string(settings.name), "retry_after": .stringConvertible(seconds),
+            ])
+            // RFC 6585 §4: the upstream did not act on the request.
+            throw OAuthError.upstreamUnavailable("the authorization server is temporarily unavailable (HTTP 429)", retryAfter: seconds)
+                .delivered(.unspent)
+        }
         do throws(OAuthError) {
             return try UpstreamFailure.interpret(status: status, body: data)
         } catch {
@@ -42,21 +77,21 @@ public struct UpstreamHTTP: Sendable {
     {
         var form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURI)]
         if let verifier = memo.forwardsAppVerifier ? appCodeVerifier : memo.codeVerifier { form.append(("code_verifier", verifier)) }
-        return try await tokenRequest(url: url, form, purpose: "code exchange")
+        return try await tokenRequest(url: url, form, endpoint: .token, purpose: "code exchange")
     }
 
     /// The refresh-token grant (RFC 6749 §6).
     func refresh(url: String, refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {
         var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
         if let scope { form.append(("scope", scope)) }
-        return try await tokenRequest(url: url, form, purpose: "refresh")
+        return try await tokenRequest(url: url, form, endpoint: .refresh, purpose: "refresh")
     }
 
     /// RFC 7009 revocation, best effort: failures are logged, never thrown.
     func revoke(url: String, token: String, hint: String) async {
         let request = settings.authenticatedForm(url: url, [("token", token), ("token_type_hint", hint)])
         do {
-            let (status, _) = try await exchange(request)
+            let (status, _, _) = try await exchange(request, endpoint: .revoke)
             if status != .ok {
                 logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
             }
@@ -67,35 +102,22 @@ public struct UpstreamHTTP: Sendable {
 
     /// A GET (with a bearer token when given): status, content type and body. Transport
     /// failures are thrown as the app should see them.
-    func get(_ url: String, bearer: String? = nil, accept: String = "application/json", purpose: String)
+    func get(_ url: String, bearer: String? = nil, accept: String = "application/json", endpoint: UpstreamEndpoint, purpose: String)
         async throws(OAuthError) -> (status: Int, contentType: String?, body: Data)
     {
         var request = HTTPClientRequest(url: url)
         request.headers.add(name: "Accept", value: accept)
         if let bearer { request.headers.add(name: "Authorization", value: "Bearer " + bearer) }
-        let response: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)
-        do {
-            response = try await exchangeWithHeaders(request)
-        } catch {
-            let mapped = UpstreamFailure.classify(error, upstream: settings.name)
-            logger.warning("upstream \(purpose) failed", metadata: [
-                "upstream": .string(settings.name), "error": .string(mapped.code), "reason": .string(mapped.detail),
-            ])
-            throw mapped
-        }
-        return (Int(response.0.code), response.1.first(name: "Content-Type"), Data(response.2.readableBytesView))
-    }
-
-    /// A request and its status and body, transport failures mapped for the app.
-    func send(_ request: HTTPClientRequest, purpose: String) async throws(OAuthError) -> (status: Int, body: Data) {
-        let (status, _, body) = try await sendWithHeaders(request, purpose: purpose)
-        return (status, body)
+        let (status, headers, body) = try await sendWithHeaders(request, endpoint: endpoint, purpose: purpose)
+        return (status, headers.first(name: "Content-Type"), body)
     }
 
     /// A request and its status, headers and body, transport failures mapped for the app.
-    func sendWithHeaders(_ request: HTTPClientRequest, purpose: String) async throws(OAuthError) -> (status: Int, headers: HTTPHeaders, body: Data) {
+    func sendWithHeaders(_ request: HTTPClientRequest, endpoint: UpstreamEndpoint, purpose: String)
+        async throws(OAuthError) -> (status: Int, headers: HTTPHeaders, body: Data)
+    {
         do {
-            let (status, headers, bytes) = try await exchangeWithHeaders(request)
+            let (status, headers, bytes) = try await exchange(request, endpoint: endpoint)
             return (Int(status.code), headers, Data(bytes.readableBytesView))
         } catch {
             let mapped = UpstreamFailure.classify(error, upstream: settings.name)
@@ -106,18 +128,36 @@ public struct UpstreamHTTP: Sendable {
         }
     }
 
-    /// One request to the upstream and its whole answer, within the upstream's `timeout`
-    /// (AsyncHTTPClient's own deadline stops at the response head).
-    func exchange(_ request: HTTPClientRequest) async throws -> (HTTPResponseStatus, ByteBuffer) {
-        let (status, _, body) = try await exchangeWithHeaders(request)
-        return (status, body)
+    /// One request to the upstream and its whole answer, counted and traced as `endpoint`.
+    func exchange(_ request: HTTPClientRequest, endpoint: UpstreamEndpoint) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer) {
+        let (transport, timeout) = (self.transport, settings.timeout)
+        return try await telemetry.call(endpoint, request, classify: { (answer: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)) in
+            let status = Int(answer.0.code)
+            // Only a token endpoint's 400 is read again, for invalid_grant.
+            let body = status == 400 && endpoint.isTokenEndpoint ? Data(answer.2.readableBytesView) : nil
+            return (GatehouseMetrics.Outcome(status: status, body: body), status)
+        }, send: { request in
+            try await transport(request, timeout)
+        })
     }
 
-    private func exchangeWithHeaders(_ request: HTTPClientRequest) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer) {
-        let (httpClient, timeout) = (self.httpClient, settings.timeout)
-        return try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
-            return (response.status, response.headers, try await response.body.collect(upTo: Self.maximumResponseBytes))
+    /// The `JWKSCache` fetch of this upstream's key set: `GET url` accepting JSON, counted as `jwks`.
+    func keySetFetcher() -> JWKSCache.Fetch {
+        { [self] url in
+            var request = HTTPClientRequest(url: url)
+            request.headers.add(name: "Accept", value: "application/json")
+            let (status, _, body) = try await exchange(request, endpoint: .jwks)
+            return (Int(status.code), Data(body.readableBytesView))
+        }
+    }
+
+    /// AsyncHTTPClient, within the upstream's `timeout` (its own deadline stops at the response head).
+    static func transport(over httpClient: HTTPClient) -> Transport {
+        { request, timeout in
+            try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
+                let response = try await httpClient.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
+                return (response.status, response.headers, try await response.body.collect(upTo: Self.maximumResponseBytes))
+            }
         }
     }
 }

@@ -90,8 +90,15 @@ struct Sessions: AsyncParsableCommand {
 
         func run() async throws {
             let (configuration, logger) = try loadForAdmin(config)
+            // Each revocation is an audit event: to the audit file when one is configured, as `serve` writes them.
+            do {
+                try GatehouseLogging.bootstrap(format: .text, level: .warning, auditFile: configuration.operations.auditFile)
+            } catch {
+                throw ValidationError("the audit log cannot be opened: \(error)")
+            }
             let subject = self.subject
             let wanted = session?.replacingOccurrences(of: "…", with: "")
+            let audit = AuditLog()
             let count = try await GatehouseApplication.withUpstreamClients(for: configuration, logger: logger) { upstreams in
                 try await OpenedStore.open(configuration, logger: logger).run { store in
                     let chosen = try await store.sessions(subject: subject).filter { record in
@@ -104,6 +111,8 @@ struct Sessions: AsyncParsableCommand {
                         } else {
                             try await store.revokeSession(id: record.id, now: Date())
                         }
+                        audit.record(.admin_revocation, clientID: record.clientID, subject: record.subject, reason: "admin",
+                                     metadata: ["upstream": .string(record.upstream)])
                     }
                     return chosen.count
                 }

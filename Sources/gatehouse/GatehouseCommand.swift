@@ -24,27 +24,35 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical.")
     var logLevel: String = ProcessInfo.processInfo.environment["LOG_LEVEL"] ?? "info"
 
+    @Option(name: .long, help: "text, or json (one object a line).")
+    var logFormat: String = ProcessInfo.processInfo.environment["LOG_FORMAT"] ?? "text"
+
     func run() async throws {
         guard let level = Logger.Level(rawValue: logLevel) else {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
+        guard let format = LogFormat(rawValue: logFormat) else {
+            throw ValidationError("--log-format must be text or json")
+        }
+        let configuration: GatehouseConfiguration
+        let document: ConfigNode
+        do {
+            (configuration, document) = try YAMLConfigurationLoader.loadDocument(path: config)
+        } catch {
+            FileHandle.standardError.write(Data("gatehouse: the configuration has problems:\n\(error.description)\n".utf8))
+            throw ExitCode(78)  // EX_CONFIG
+        }
+        do {
+            try GatehouseLogging.bootstrap(format: format, level: level, auditFile: configuration.operations.auditFile)
+        } catch {
+            FileHandle.standardError.write(Data("gatehouse: \(error)\n".utf8))
+            throw ExitCode(73)  // EX_CANTCREAT
         }
         // Swift concurrency runs on NIO's event loops: no thread hop between the server's
         // channel, the route's task and the outbound client.
         _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         let logger = Logger(label: "gatehouse")
-        let configuration: GatehouseConfiguration
-        do {
-            configuration = try YAMLConfigurationLoader.load(path: config)
-        } catch {
-            FileHandle.standardError.write(Data("gatehouse: the configuration has problems:\n\(error.description)\n".utf8))
-            throw ExitCode(78)  // EX_CONFIG
-        }
-        try await GatehouseApplication.run(configuration: configuration, logger: logger)
+        try await GatehouseApplication.run(configuration: configuration, document: document, configurationPath: config, logger: logger)
     }
 }
 

@@ -13,8 +13,15 @@ the PostgreSQL cluster's, the connection-edge instances', the refresh and outage
 demo's, the upstreams' and the test PostgreSQL's own; and the server log of the PostgreSQL
 that scripts/test started (GATEHOUSE_TEST_POSTGRES_LOG), which records every statement
 Gatehouse sent with its parameters.
+
+Among them, the JSON logs (`--log-format json`, WORKDIR/*.json.log) and the audit files
+(`observability.audit.file`, WORKDIR/*.audit.log) that the production-surface tests produce are
+also read line by line: every line of a JSON log is a JSON object with ts, level and msg, and
+every audit line (an audit file's, or one of the `gatehouse.audit` logger in any log) names its
+`audit_event` and holds no secret.
 """
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -70,3 +77,42 @@ def test_no_secret_in_any_database_of_the_run(seen, tmp_path_factory):
                                   capture_output=True, check=True, timeout=60).stdout
             leaks += [f"PostgreSQL database {name}: {kind} ({form})" for kind, form in seen.find(dump)]
     assert leaks == []
+
+
+def _test_files_ran(request, *names):
+    """Whether this session ran tests of the named files (then the files they write must exist)."""
+    return any(item.path.name in names for item in request.session.items)
+
+
+def test_json_logs_are_json_objects_and_audit_lines_name_their_event_and_hold_no_secret(seen, tmp_path_factory, request):
+    root = tmp_path_factory.getbasetemp()
+    json_logs = sorted(root.rglob("*.json.log"))
+    audit_files = sorted(root.rglob("*.audit.log"))
+    if _test_files_ran(request, "test_logs.py"):
+        assert json_logs, "test_logs.py ran but left no JSON log (*.json.log)"
+        assert audit_files, "test_logs.py ran but left no audit file (*.audit.log)"
+    problems = []
+    for path in json_logs:
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                problems.append(f"{path.name}:{number}: not JSON")
+                continue
+            if not isinstance(value, dict) or not all(key in value for key in ("ts", "level", "msg")):
+                problems.append(f"{path.name}:{number}: not an object with ts, level and msg")
+            elif value.get("label") == "gatehouse.audit" and "audit_event" not in value:
+                problems.append(f"{path.name}:{number}: an audit line without audit_event")
+    for path in audit_files:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        if not lines:
+            problems.append(f"{path.name}: empty")
+        problems += [f"{path.name}:{number}: no audit_event" for number, line in enumerate(lines, 1) if "audit_event" not in line]
+    # Audit lines written with the other logs (no audit file configured), in any log of the run.
+    for path in sorted(root.rglob("*.log")):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "gatehouse.audit" in line and "audit_event" not in line:
+                problems.append(f"{path.relative_to(root)}:{number}: an audit line without audit_event")
+    assert problems == []
+    seen.harvest()
+    assert leaks_in(json_logs + audit_files, seen, root) == []

@@ -92,10 +92,11 @@ extension GatehouseConfiguration {
             reader.report("sessions", root, "is required: the client '\(sealed.clientID)' is sealed (the default token_exposure); "
                           + "add a sessions section with encryption_keys_file, or set token_exposure: passthrough")
         }
+        let operations = decodeOperations(top)
         top.finish()
         guard let server, let store else { return nil }
         return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients,
-                                      routes: routes, identityCache: cache, sessions: sessions)
+                                      routes: routes, identityCache: cache, sessions: sessions, operations: operations)
     }
 
     private static func decodeServer(_ map: MappingReader, secrets: SecretLookup) -> ServerSettings? {
@@ -115,6 +116,8 @@ extension GatehouseConfiguration {
         settings.bodyReadTimeout = map.duration("body_read_timeout", in: .milliseconds(100)...(.seconds(3600))) ?? settings.bodyReadTimeout
         settings.idleTimeout = map.duration("idle_timeout", in: .milliseconds(100)...(.seconds(3600))) ?? settings.idleTimeout
         settings.maximumConnections = map.integer("max_connections", in: 1...1_000_000) ?? settings.maximumConnections
+        settings.shutdownDrain = map.duration("shutdown_drain", in: .zero...(.seconds(60))) ?? settings.shutdownDrain
+        settings.shutdownTimeout = map.duration("shutdown_timeout", in: .seconds(1)...(.seconds(600))) ?? settings.shutdownTimeout
         if let path = map.string("signing_key_file") {
             if let pem = try? secrets.readFile(path), pem.contains("PRIVATE KEY") {
                 settings.signingKey = Secret(pem)

@@ -9,10 +9,13 @@ public struct GatehouseConfiguration: Sendable {
     public var identityCache: IdentityCacheSettings
     /// Present when any client is sealed (or a `sessions:` section is given).
     public var sessions: SessionSettings?
+    /// Metrics, traces, audit and rate limits.
+    public var operations: OperationsSettings
 
     public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient],
                 routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings(),
-                sessions: SessionSettings? = nil) {
+                sessions: SessionSettings? = nil, operations: OperationsSettings = OperationsSettings()) {
+        self.operations = operations
         self.server = server
         self.store = store
         self.upstreams = upstreams
@@ -65,6 +68,12 @@ public struct ServerSettings: Sendable {
     public var idleTimeout: Duration = .seconds(75)
     /// Open client connections per process; beyond, a new connection is answered 503 and closed.
     public var maximumConnections: Int = 4096
+    /// After SIGTERM: how long `/readyz` answers 503 while requests are still served (load balancers
+    /// take the instance out), before the listener closes. 0 by default (no load balancer to tell);
+    /// behind one, set it to its health-check period (the Kubernetes example uses 5 s).
+    public var shutdownDrain: Duration = .zero
+    /// Then: how long in-flight requests have to finish before their connections are closed.
+    public var shutdownTimeout: Duration = .seconds(25)
 
     public init(publicBaseURL: String, host: String = "127.0.0.1", port: Int = 8080,
                 transactionLifetime: Duration = .seconds(600), codeLifetime: Duration = .seconds(60),

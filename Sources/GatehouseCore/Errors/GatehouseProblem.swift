@@ -18,6 +18,8 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
         case expectationFailed = "expectation_failed"
         case notImplemented = "not_implemented"
         case overCapacity = "over_capacity"
+        case rateLimited = "rate_limited"
+        case shuttingDown = "shutting_down"
     }
 
     private let base: Base
@@ -87,6 +89,14 @@ public struct GatehouseProblem: Error, Sendable, Hashable, CustomStringConvertib
     /// Every connection Gatehouse allows is in use; try again shortly.
     public static func overCapacity() -> Self {
         .init(.overCapacity, status: 503, title: "Service unavailable", detail: "Gatehouse is at its connection limit. Please try again shortly.")
+    }
+    /// A rate limit said no (`rate_limits`); the answer carries `Retry-After`.
+    public static func rateLimited(retryAfter: Int) -> Self {
+        .init(.rateLimited, status: 429, title: "Too Many Requests", detail: "Too many requests; retry after \(retryAfter) s.")
+    }
+    /// SIGTERM was received: this instance is draining (`/readyz`).
+    public static func shuttingDown() -> Self {
+        .init(.shuttingDown, status: 503, title: "Service unavailable", detail: "This instance is shutting down.")
     }
     public static func storeUnavailable() -> Self {
         .init(.storeUnavailable, status: 503, title: "Service unavailable",

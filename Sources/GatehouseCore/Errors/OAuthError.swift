@@ -61,6 +61,10 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
         .init(.temporarilyUnavailable, detail, status: 503, retryAfter: retryAfter)
     }
     /// The upstream did not answer in time: 504.
+    /// A `rate_limits` bucket of `/oauth/*` is empty: 429 with `Retry-After`.
+    public static func rateLimited(retryAfter: Int) -> Self {
+        .init(.temporarilyUnavailable, "Too many requests; retry after \(retryAfter) s.", status: 429, retryAfter: retryAfter)
+    }
     public static func upstreamTimeout(_ detail: String) -> Self { .init(.temporarilyUnavailable, detail, status: 504) }
 
     /// Rebuilds an error an upstream sent, for the codes an app can act on; `nil` for the others.

@@ -105,7 +105,8 @@ public enum IdentityResolution: Sendable, Equatable {
 
 /// The identity service could not answer; nobody is signed out for it.
 public struct IdentityUnavailable: Error, Sendable, Equatable, CustomStringConvertible {
-    public enum Reason: String, Sendable { case unreachable, timeout, badResponse }
+    /// `overloaded`: `rate_limits.identity_concurrency` calls are running and as many waiting; no call was made.
+    public enum Reason: String, Sendable { case unreachable, timeout, badResponse, overloaded }
     public let reason: Reason
     public let detail: String
 

@@ -1,3 +1,4 @@
+public import CoreMetrics
 import Foundation
 public import GatehouseCore
 import Synchronization
@@ -10,14 +11,22 @@ import Synchronization
 /// - A token the identity service rejected is remembered for `negativeTTL`, so an app that
 ///   retries cannot hammer the service.
 /// - An identity service outage is never cached.
+///
+/// Every lookup is counted (`IdentityCacheMetrics`): `peek` counts the live identities it finds;
+/// what it does not find is counted when the general path resolves the token.
 public final class IdentityCache: Sendable {
     private let state: Mutex<LRUState>
     private let clock: @Sendable () -> Int64
+    private let metrics: IdentityCacheMetrics
 
-    /// - Parameter now: milliseconds on a monotonic clock (tests move it by hand).
-    public init(maximumEntries: Int, now: (@Sendable () -> Int64)? = nil) {
+    /// - Parameters:
+    ///   - now: milliseconds on a monotonic clock (tests move it by hand).
+    ///   - metrics: `nil`: the process's `MetricsSystem`, which must be bootstrapped before the
+    ///     cache is made (its handles are made here, once); tests hand in their own factory.
+    public init(maximumEntries: Int, now: (@Sendable () -> Int64)? = nil, metrics: (any MetricsFactory)? = nil) {
         self.state = Mutex(LRUState(capacity: max(1, maximumEntries)))
         self.clock = now ?? IdentityCache.monotonicMilliseconds
+        self.metrics = IdentityCacheMetrics(factory: metrics)
     }
 
     /// The identity for `token`: from the cache, or from `resolver` (once, however many ask).
@@ -27,8 +36,8 @@ public final class IdentityCache: Sendable {
         let key = TokenKey(token: token, upstream: upstream)
         let now = clock()
         let lookup: Lookup = state.withLock { state in
-            if let hit = state.get(key, now: now) { return .hit(hit) }
-            if let task = state.inflight[key] { return .wait(task) }
+            if let hit = get(key, now: now, in: &state) { return .hit(hit) }
+            if let task = state.inflight[key] { return .join(task) }
             let task = Task<Result<IdentityResolution, IdentityUnavailable>, Never> {
                 let result: Result<IdentityResolution, IdentityUnavailable>
                 do throws(IdentityUnavailable) {
@@ -40,21 +49,30 @@ public final class IdentityCache: Sendable {
                 return result
             }
             state.inflight[key] = task
-            return .wait(task)
+            return .call(task)
         }
         switch lookup {
         case .hit(let resolution):
+            metrics.countHit(resolution)
             return resolution
-        case .wait(let task):
+        case .join(let task):
+            metrics.coalesced.increment()
+            return try await task.value.get()
+        case .call(let task):
+            metrics.misses.increment()
             return try await task.value.get()
         }
     }
 
     /// The cached resolution of `token`, without asking anyone (the relay's event-loop fast path).
+    /// A live identity is counted as a hit; a rejected token or none is counted when the general
+    /// path resolves it (the fast path declines both).
     public func peek(token: String, upstream: String) -> IdentityResolution? {
         let key = TokenKey(token: token, upstream: upstream)
         let now = clock()
-        return state.withLock { $0.get(key, now: now) }
+        let found = state.withLock { get(key, now: now, in: &$0) }
+        if case .active? = found { metrics.hits.increment() }
+        return found
     }
 
     /// Drops the entry of a token (revoked, or its session ended).
@@ -63,7 +81,10 @@ public final class IdentityCache: Sendable {
     }
 
     public func invalidate(key: TokenKey) {
-        state.withLock { $0.remove(key) }
+        state.withLock { state in
+            state.remove(key)
+            metrics.entries.record(state.index.count)
+        }
     }
 
     /// How many entries the cache holds.
@@ -73,7 +94,7 @@ public final class IdentityCache: Sendable {
     public func insert(_ resolution: IdentityResolution, forToken token: String, upstream: String, ttl: Duration) {
         let key = TokenKey(token: token, upstream: upstream)
         let expiry = clock() + ttl.inMilliseconds
-        state.withLock { $0.set(key, resolution, expiry: expiry) }
+        state.withLock { set(key, resolution, expiry: expiry, in: &$0) }
     }
 
     private func finish(_ key: TokenKey, _ result: Result<IdentityResolution, IdentityUnavailable>, ttl: Duration, negativeTTL: Duration) {
@@ -86,18 +107,34 @@ public final class IdentityCache: Sendable {
                 if let expiresAt = identity.expiresAt {
                     expiry = min(expiry, now + Int64(expiresAt.timeIntervalSinceNow * 1000))
                 }
-                if expiry > now { state.set(key, .active(identity), expiry: expiry) }
+                if expiry > now { set(key, .active(identity), expiry: expiry, in: &state) }
             case .success(.inactive):
-                if negativeTTL > .zero { state.set(key, .inactive, expiry: now + negativeTTL.inMilliseconds) }
+                if negativeTTL > .zero { set(key, .inactive, expiry: now + negativeTTL.inMilliseconds, in: &state) }
             case .failure:
                 break
             }
         }
     }
 
+    /// A live entry; an expired one is dropped (and the entry count follows).
+    private func get(_ key: TokenKey, now: Int64, in state: inout LRUState) -> IdentityResolution? {
+        let count = state.index.count
+        let value = state.get(key, now: now)
+        if state.index.count != count { metrics.entries.record(state.index.count) }
+        return value
+    }
+
+    private func set(_ key: TokenKey, _ value: IdentityResolution, expiry: Int64, in state: inout LRUState) {
+        if state.set(key, value, expiry: expiry) { metrics.evictions.increment() }
+        metrics.entries.record(state.index.count)
+    }
+
     private enum Lookup {
         case hit(IdentityResolution)
-        case wait(Task<Result<IdentityResolution, IdentityUnavailable>, Never>)
+        /// A call for this token is under way: wait for its answer.
+        case join(Task<Result<IdentityResolution, IdentityUnavailable>, Never>)
+        /// This lookup made the call.
+        case call(Task<Result<IdentityResolution, IdentityUnavailable>, Never>)
     }
 
     @Sendable private static func monotonicMilliseconds() -> Int64 {

@@ -39,16 +39,20 @@ struct LRUState {
         return slots[Int(slot)].value
     }
 
-    mutating func set(_ key: TokenKey, _ value: IdentityResolution, expiry: Int64) {
+    /// Stores `value`; returns whether the least recently used entry was evicted to make room.
+    @discardableResult
+    mutating func set(_ key: TokenKey, _ value: IdentityResolution, expiry: Int64) -> Bool {
         if let slot = index[key.words.0] {
             slots[Int(slot)].key = key
             slots[Int(slot)].value = value
             slots[Int(slot)].expiry = expiry
             moveToFront(slot)
-            return
+            return false
         }
+        var evicted = false
         if index.count >= capacity, tail != Self.none {
             remove(slots[Int(tail)].key)
+            evicted = true
         }
         let entry = Slot(key: key, value: value, expiry: expiry, previous: Self.none, next: head)
         let slot: Int32
@@ -63,6 +67,7 @@ struct LRUState {
         head = slot
         if tail == Self.none { tail = slot }
         index[key.words.0] = slot
+        return evicted
     }
 
     mutating func remove(_ key: TokenKey) {

@@ -1,26 +1,80 @@
-import AsyncHTTPClient
+public import AsyncHTTPClient
+public import CoreMetrics
 import Foundation
-import GatehouseCore
+public import GatehouseCore
+import GatehouseUpstreams
 import NIOCore
 import NIOHTTP1
 
-/// One request to an identity service: status and body, or why there is none.
-enum IdentityHTTP {
+/// The calls to one identity service: at most `identity_concurrency` in flight and as many
+/// waiting their turn; beyond that a call fails at once with `IdentityUnavailable(.overloaded)`,
+/// nothing sent (the relay answers 503 with `Retry-After: 1`). Each call is counted and timed as
+/// the upstream's `identity` endpoint and traced as `identity <upstream>`, `traceparent` injected.
+///
+/// One per resolver, so one limit per identity service.
+struct IdentityHTTP: Sendable {
+    /// One request: status and body (at most `maximumResponseBytes`), within the timeout.
+    typealias Transport = @Sendable (HTTPClientRequest, Duration) async throws -> (status: Int, body: Data)
+
     static let maximumResponseBytes = 256 * 1024
 
-    static func send(_ request: HTTPClientRequest, timeout: Duration, client: HTTPClient) async throws(IdentityUnavailable)
-        -> (status: Int, body: Data)
-    {
+    let timeout: Duration
+    let limit: ConcurrencyLimit
+    let telemetry: UpstreamTelemetry
+    let transport: Transport
+    private let spanName: String
+
+    init(upstream: String, timeout: Duration, concurrency: Int, client: HTTPClient) {
+        self.init(upstream: upstream, timeout: timeout, limit: ConcurrencyLimit(limit: concurrency), transport: Self.transport(over: client))
+    }
+
+    /// - Parameter metrics: `nil` counts in the process's metrics; tests hand in their own factory.
+    init(upstream: String, timeout: Duration, limit: ConcurrencyLimit, metrics: (any MetricsFactory)? = nil,
+         transport: @escaping Transport) {
+        self.timeout = timeout
+        self.limit = limit
+        self.telemetry = UpstreamTelemetry(upstream: upstream, metrics: metrics)
+        self.transport = transport
+        self.spanName = "identity " + upstream
+    }
+
+    /// One request to the identity service: status and body, or why there is none.
+    func send(_ request: HTTPClientRequest) async throws(IdentityUnavailable) -> (status: Int, body: Data) {
+        let answer: Result<(status: Int, body: Data), IdentityUnavailable>
         do {
+            answer = try await limit.withPermit { await exchange(request) }
+        } catch is ConcurrencyLimit.Full {
+            telemetry.rateLimited(.identity_concurrency)
+            throw IdentityUnavailable(.overloaded, "too many identity calls are in flight toward this identity service")
+        } catch {
+            // Cancelled while waiting for a permit: nothing was sent.
+            throw IdentityUnavailable(.unreachable, "the identity call was cancelled before it was sent")
+        }
+        return try answer.get()
+    }
+
+    private func exchange(_ request: HTTPClientRequest) async -> Result<(status: Int, body: Data), IdentityUnavailable> {
+        let (transport, timeout) = (self.transport, self.timeout)
+        do {
+            return .success(try await telemetry.call(.identity, spanName: spanName, request, classify: { (answer: (status: Int, body: Data)) in
+                (GatehouseMetrics.Outcome(status: answer.status), answer.status)
+            }, send: { request in
+                try await transport(request, timeout)
+            }))
+        } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout].contains(error) {
+            return .failure(IdentityUnavailable(.timeout, "the identity service did not answer in time"))
+        } catch is NIOTooManyBytesError {
+            return .failure(IdentityUnavailable(.badResponse, "the identity service's answer is too large"))
+        } catch {
+            return .failure(IdentityUnavailable(.unreachable, "the identity service cannot be reached"))
+        }
+    }
+
+    static func transport(over client: HTTPClient) -> Transport {
+        { request, timeout in
             let response = try await client.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
             let body = try await response.body.collect(upTo: maximumResponseBytes)
             return (Int(response.status.code), Data(body.readableBytesView))
-        } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout].contains(error) {
-            throw IdentityUnavailable(.timeout, "the identity service did not answer in time")
-        } catch is NIOTooManyBytesError {
-            throw IdentityUnavailable(.badResponse, "the identity service's answer is too large")
-        } catch {
-            throw IdentityUnavailable(.unreachable, "the identity service cannot be reached")
         }
     }
 

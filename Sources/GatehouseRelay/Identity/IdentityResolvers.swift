@@ -3,20 +3,30 @@ public import GatehouseCore
 import GatehouseUpstreams
 
 extension GatehouseConfiguration {
-    /// One resolver per upstream that has an `identity:` section.
+    /// One resolver per upstream that has an `identity:` section; those that call a service per
+    /// token share nothing: each has its own `identity_concurrency` limit.
     public func identityResolvers(client: HTTPClient) -> [String: any IdentityResolver] {
-        upstreams.compactMapValues { upstream -> (any IdentityResolver)? in
-            guard let identity = upstream.identity else { return nil }
+        let concurrency = operations.rateLimits.identityConcurrency
+        var resolvers: [String: any IdentityResolver] = [:]
+        for (name, upstream) in upstreams {
+            guard let identity = upstream.identity else { continue }
             switch identity.kind {
-            case .personalInformation: return PersonalInformationResolver(settings: identity, client: client)
-            case .introspection: return IntrospectionResolver(settings: identity, upstream: upstream, client: client)
-            case .userinfo: return UserinfoResolver(settings: identity, client: client)
-            case .jwt: return JWTResolver(settings: identity, client: client)
-            case .session: return nil  // read from the sealed session (`SessionIdentity`)
+            case .personalInformation:
+                resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
+            case .introspection:
+                resolvers[name] = IntrospectionResolver(settings: identity, upstream: upstream, client: client, concurrency: concurrency)
+            case .userinfo:
+                resolvers[name] = UserinfoResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
+            case .jwt:
+                // Validated here: no call per token, only key set fetches.
+                resolvers[name] = JWTResolver(settings: identity, upstream: name, client: client)
+            case .session:
+                continue  // read from the sealed session (`SessionIdentity`)
             case .gatehouse:
-                guard let central = upstream.profile as? CentralSettings else { return nil }
-                return JWTResolver.minted(by: central.tokenKeys, settings: identity)
+                guard let central = upstream.profile as? CentralSettings else { continue }
+                resolvers[name] = JWTResolver.minted(by: central.tokenKeys, settings: identity)
             }
         }
+        return resolvers
     }
 }

@@ -9,19 +9,25 @@ import NIOCore
 public struct IntrospectionResolver: IdentityResolver {
     let settings: IdentitySettings
     let upstream: UpstreamSettings
-    let client: HTTPClient
+    let http: IdentityHTTP
     let extraction: IdentityExtraction
 
-    public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient) {
+    /// - Parameter concurrency: calls in flight at most toward the endpoint (`identity_concurrency`).
+    public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient, concurrency: Int) {
+        self.init(settings: settings, upstream: upstream,
+                  http: IdentityHTTP(upstream: upstream.name, timeout: settings.timeout, concurrency: concurrency, client: client))
+    }
+
+    init(settings: IdentitySettings, upstream: UpstreamSettings, http: IdentityHTTP) {
         self.settings = settings
         self.upstream = upstream
-        self.client = client
+        self.http = http
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub", "/username"])
     }
 
     public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
         let request = upstream.authenticatedForm(url: settings.url, [("token", token), ("token_type_hint", "access_token")])
-        let (status, body) = try await IdentityHTTP.send(request, timeout: settings.timeout, client: client)
+        let (status, body) = try await http.send(request)
         guard status == 200 else {
             // The introspection endpoint refusing Gatehouse says nothing about the app's token.
             throw IdentityUnavailable(.badResponse, "the introspection endpoint answered HTTP \(status)")

@@ -16,9 +16,10 @@ public actor JWTResolver: IdentityResolver {
     /// The configured algorithms Gatehouse verifies access tokens with.
     let algorithms: Set<JWSAlgorithm>
 
-    public init(settings: IdentitySettings, client: HTTPClient, refetchInterval: Duration = .seconds(30)) {
-        self.init(settings: settings, keys: JWKSCache(url: settings.url, refetchInterval: refetchInterval,
-                                                      fetch: JWKSCache.httpFetcher(client: client, timeout: settings.timeout)))
+    /// - Parameter upstream: the upstream whose key set this is: its fetches count as its `jwks` calls.
+    public init(settings: IdentitySettings, upstream: String, client: HTTPClient, refetchInterval: Duration = .seconds(30)) {
+        let fetch = JWKSCache.httpFetcher(client: client, timeout: settings.timeout, telemetry: UpstreamTelemetry(upstream: upstream))
+        self.init(settings: settings, keys: JWKSCache(url: settings.url, refetchInterval: refetchInterval, fetch: fetch))
     }
 
     init(settings: IdentitySettings, keys: JWKSCache) {

@@ -9,12 +9,19 @@ import NIOCore
 /// means the token is dead; anything else means the service could not say.
 public struct PersonalInformationResolver: IdentityResolver {
     let settings: IdentitySettings
-    let client: HTTPClient
+    let http: IdentityHTTP
     let extraction: IdentityExtraction
 
-    public init(settings: IdentitySettings, client: HTTPClient) {
+    /// - Parameters:
+    ///   - upstream: the upstream whose identity service this is (metrics, spans).
+    ///   - concurrency: calls in flight at most toward the service (`identity_concurrency`).
+    public init(settings: IdentitySettings, upstream: String, client: HTTPClient, concurrency: Int) {
+        self.init(settings: settings, http: IdentityHTTP(upstream: upstream, timeout: settings.timeout, concurrency: concurrency, client: client))
+    }
+
+    init(settings: IdentitySettings, http: IdentityHTTP) {
         self.settings = settings
-        self.client = client
+        self.http = http
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: [])
     }
 
@@ -33,7 +40,7 @@ public struct PersonalInformationResolver: IdentityResolver {
             request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
             request.body = .bytes(ByteBuffer(string: "\(FormParameters.encode(name))=\(FormParameters.encode(token))"))
         }
-        let (status, body) = try await IdentityHTTP.send(request, timeout: settings.timeout, client: client)
+        let (status, body) = try await http.send(request)
         switch status {
         case 200:
             if settings.format == .xml {

@@ -67,6 +67,9 @@ extension Gatehouse {
         var pair = try await mintCentralPair(user: user, sessionID: sessionID, sessionExpiresAt: now.addingTimeInterval(
             upstream.central.refreshTokenLifetime.inSeconds), upstream: upstream, sessions: sessions, now: now)
         pair.isNewUser = isNewUser
+        audit.record(.sign_in, clientID: clientID, subject: user.userId, metadata: [
+            "upstream": .string(upstream.settings.name), "provider": .string(user.provider),
+        ])
         logger.info("central session begun", metadata: ["client_id": .string(clientID), "upstream": .string(upstream.settings.name)])
         return pair
     }

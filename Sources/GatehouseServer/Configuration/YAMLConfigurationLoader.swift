@@ -11,6 +11,13 @@ public enum YAMLConfigurationLoader {
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
         throws(ConfigErrors) -> GatehouseConfiguration
     {
+        try loadDocument(path: path, environment: environment).configuration
+    }
+
+    /// Loads a configuration file and also returns its parsed document (a reload compares sections).
+    public static func loadDocument(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(ConfigErrors) -> (configuration: GatehouseConfiguration, document: ConfigNode)
+    {
         let text: String
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)
@@ -18,12 +25,18 @@ public enum YAMLConfigurationLoader {
             throw ConfigErrors(problems: [ConfigProblem(path: "(file)", line: 0, message: "cannot read \(path)")])
         }
         let folder = URL(fileURLWithPath: path).deletingLastPathComponent()
-        return try load(yaml: text, baseDirectory: folder, environment: environment)
+        return try loadDocument(yaml: text, baseDirectory: folder, environment: environment)
     }
 
     /// Validates configuration text; `baseDirectory` resolves relative paths.
     public static func load(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
         -> GatehouseConfiguration
+    {
+        try loadDocument(yaml: text, baseDirectory: baseDirectory, environment: environment).configuration
+    }
+
+    static func loadDocument(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
+        -> (configuration: GatehouseConfiguration, document: ConfigNode)
     {
         let root: ConfigNode
         do {
@@ -47,7 +60,7 @@ public enum YAMLConfigurationLoader {
         if configuration.store.sqlitePath != ":memory:" {
             configuration.store.sqlitePath = resolve(configuration.store.sqlitePath, against: baseDirectory).path
         }
-        return configuration
+        return (configuration, root)
     }
 
     private static func resolve(_ path: String, against folder: URL) -> URL {

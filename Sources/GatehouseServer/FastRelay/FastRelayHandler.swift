@@ -20,6 +20,12 @@ extension FastRelayPlanner: FastRelayPlanning {}
 ///
 /// Order is kept: a fast request starts only when Hummingbird owes no answer on this
 /// connection, and requests pipelined behind a fast one wait until it has been answered.
+///
+/// Every exchange is counted as the general path counts a request (`RelayRouteMetrics`:
+/// handles made once per route, atomic increments). When the server drains, the
+/// `ChannelShouldQuiesceEvent` is held while an exchange or queued requests remain, and passed
+/// on once the last answer is written: Hummingbird, behind this handler, never saw the fast
+/// requests and would close the connection under them.
 final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, BackendExchangeDelegate {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -51,6 +57,16 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         var retried = false
     }
 
+    /// The server's request to drain the connection (`ChannelShouldQuiesceEvent`).
+    enum Quiesce: Equatable {
+        /// None yet.
+        case none
+        /// Received while fast work remained; passed on when none does.
+        case held
+        /// Passed on to Hummingbird, which closes the connection once its own answers are out.
+        case passedOn
+    }
+
     /// The fast exchange, explicitly: which callbacks are expected in each state.
     enum State {
         case idle
@@ -70,6 +86,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     private(set) var state: State = .idle
     private(set) var inbound: Inbound = .idle
+    private(set) var quiesce: Quiesce = .none
+    /// The metrics of the route last relayed on this connection (looked up once per connection and route).
+    private var routeMetrics: (prefix: String, metrics: RelayRouteMetrics)?
     /// Requests handed to Hummingbird whose answer has not ended yet.
     private(set) var generalOutstanding = 0
     private var queued = CircularBuffer<HTTPServerRequestPart>()
@@ -152,6 +171,38 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         }
         state = .idle
         context.fireChannelInactive()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard event is ChannelShouldQuiesceEvent else { return context.fireUserInboundEventTriggered(event) }
+        guard quiesce == .none else { return }
+        if isExchanging || !queued.isEmpty {
+            quiesce = .held
+        } else {
+            quiesce = .passedOn
+            context.fireUserInboundEventTriggered(event)
+        }
+    }
+
+    /// Passes a held drain on once no fast work remains (Hummingbird then closes the
+    /// connection, at once or after the answers it owes).
+    private func passQuiesceOnIfIdle() {
+        guard quiesce == .held, !isExchanging, queued.isEmpty, let context else { return }
+        quiesce = .passedOn
+        context.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+    }
+
+    /// Writes the end of a fast answer. While a drain is held, the drain goes on once the
+    /// answer's last bytes are written (a close before would drop them).
+    private func writeEnd(context: ChannelHandlerContext) {
+        guard quiesce == .held else { return context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil) }
+        let written = context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: written)
+        // Looked at once this exchange is over and its queue processed (the write may complete
+        // at once, within this call): later on the event loop, never inline.
+        written.futureResult.assumeIsolated().whenComplete { [weak self] _ in
+            context.eventLoop.assumeIsolated().execute { self?.passQuiesceOnIfIdle() }
+        }
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -243,7 +294,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     func backendResponseEnd(reusable: Bool) {
         guard let context, case .streaming(let exchange, let backend, let status) = state else { return }
         timer?.disarm()
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        writeEnd(context: context)
         backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
         backend.handler.release(reusable: reusable)
         finish(exchange, status: status)
@@ -254,10 +305,11 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         switch state {
         case .idle, .connecting:
             return
-        case .streaming:
+        case .streaming(let exchange, _, let status):
             // The answer has begun: the app's connection cannot be saved.
             timer?.disarm()
             state = .idle
+            count(exchange, status: status)
             context.close(promise: nil)
         case .awaitingHead(var exchange, _):
             guard exchange.reused, !exchange.retried else { return answerProblem(.backendUnavailable()) }
@@ -286,10 +338,11 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .awaitingHead(let exchange, let backend) where exchange.id == id:
             backend.handler.release(reusable: false)
             answerProblem(.backendTimeout())
-        case .streaming(let exchange, let backend, _) where exchange.id == id:
+        case .streaming(let exchange, let backend, let status) where exchange.id == id:
             // The answer has begun and stalled: neither connection can be reused.
             backend.handler.release(reusable: false)
             state = .idle
+            count(exchange, status: status)
             context?.close(promise: nil)
         default:
             break
@@ -309,7 +362,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         let (head, body) = ProblemBody.responseParts(problem, instance: plan.path, requestID: plan.requestID)
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        writeEnd(context: context)
         logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
         finish(exchange, status: UInt(problem.status))
     }
@@ -317,8 +370,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private func finish(_ exchange: Exchange, status: UInt) {
         state = .idle
         let plan = exchange.plan
+        let nanoseconds = count(exchange, status: status)
         if logger.logLevel <= .info {
-            let elapsed = Double((NIODeadline.now() - exchange.started).nanoseconds) / 1_000_000
+            let elapsed = Double(nanoseconds) / 1_000_000
             var metadata: Logger.Metadata = [
                 "request_id": .string(plan.requestID), "method": .string(plan.isHead ? "HEAD" : "GET"),
                 "path": .string(plan.path), "relay": "fast", "status": .stringConvertible(status),
@@ -333,5 +387,21 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         }
         // Hummingbird's channel delivers what it was handed at the end of a read batch.
         context.fireChannelReadComplete()
+    }
+
+    /// Counts a finished (or broken-off) exchange; returns its duration in nanoseconds.
+    @discardableResult
+    private func count(_ exchange: Exchange, status: UInt) -> Int64 {
+        let nanoseconds = (NIODeadline.now() - exchange.started).nanoseconds
+        metrics(for: exchange.plan.route).record(isHead: exchange.plan.isHead, status: Int(status), nanoseconds: nanoseconds)
+        return nanoseconds
+    }
+
+    /// The handles of `route`: kept for the connection's next exchange on the same route.
+    private func metrics(for route: RouteSettings) -> RelayRouteMetrics {
+        if let routeMetrics, routeMetrics.prefix == route.prefix { return routeMetrics.metrics }
+        let metrics = RequestMetrics.fastRelay(route)
+        routeMetrics = (route.prefix, metrics)
+        return metrics
     }
 }

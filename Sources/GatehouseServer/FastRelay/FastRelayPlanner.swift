@@ -23,23 +23,30 @@ struct FastRelayPlan {
 /// Decides, synchronously and on the event loop, whether a request takes the fast path. The
 /// decision itself is `RelayAdmission`, shared with the general path; this adds only what the
 /// fast path can carry out (GET or HEAD without a body over HTTP/1.1, a plain-http backend, no
-/// assertion to sign, a cached identity). A refused request goes the general way, which
-/// answers it with the same refusal.
+/// assertion to sign, a cached identity, a subject within `relay_per_subject`). A refused
+/// request goes the general way, which answers it with the same refusal (or the 429).
+///
+/// While tracing is on the planner declines everything: only the general path has spans.
 struct FastRelayPlanner: Sendable {
     let configuration: GatehouseConfiguration
     let relay: RelayServices
     let sessions: SessionServices?
+    let limits: RateLimiters?
+    let tracingEnabled: Bool
     let logger: Logger
 
-    init(configuration: GatehouseConfiguration, relay: RelayServices, sessions: SessionServices?, logger: Logger) {
+    init(configuration: GatehouseConfiguration, relay: RelayServices, sessions: SessionServices?, limits: RateLimiters? = nil,
+         tracingEnabled: Bool = false, logger: Logger) {
         self.configuration = configuration
         self.relay = relay
         self.sessions = sessions
+        self.limits = limits
+        self.tracingEnabled = tracingEnabled
         self.logger = logger
     }
 
     func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
-        guard request.method == .GET || request.method == .HEAD, request.version == .http1_1 else { return nil }
+        guard !tracingEnabled, request.method == .GET || request.method == .HEAD, request.version == .http1_1 else { return nil }
         let target = request.uri
         let pathEnd = target.firstIndex(of: "?") ?? target.endIndex
         let path = String(target[..<pathEnd])
@@ -66,6 +73,9 @@ struct FastRelayPlanner: Sendable {
         }
         guard case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
               admission.authorize(identity) == nil else { return nil }
+        // Last: a token is taken only for a request the fast path will carry. Over the limit, the
+        // general path takes again, is refused too, and answers (and counts) the 429.
+        if let limiter = limits?.relayPerSubject, limiter.take(Gatehouse.relaySubjectKey(identity, token: token)) != nil { return nil }
 
         let requestID = RequestIDGenerator.shared.next()
         let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)

@@ -5,9 +5,10 @@ import Hummingbird
 /// the router (where anything unknown is a 404, never relayed).
 struct RelayMiddleware: RouterMiddleware {
     typealias Context = GatehouseRequestContext
-    let gatehouse: Gatehouse
+    let holder: GatehouseHolder
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let gatehouse = holder.current
         guard let route = gatehouse.configuration.route(for: request.uri.path) else {
             return try await next(request, context)
         }

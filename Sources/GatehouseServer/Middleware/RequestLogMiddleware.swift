@@ -4,19 +4,29 @@ import GatehouseRelay
 import Hummingbird
 import HTTPTypes
 import Logging
+import Tracing
 
 /// Gives every request Gatehouse's own id (a client's `X-Request-Id` is never taken as it: a
 /// plain one is kept as `client_request_id` for correlation), asks for `100 Continue` on the
 /// endpoints that read a body, turns any error that escapes a route into problem+json (never
-/// a bare 500), and writes one log line per request.
+/// a bare 500), writes one log line per request, counts it (`gatehouse_http_requests_total`,
+/// the duration histogram, `gatehouse_relay_requests_total{path="general"}`) and wraps it in a
+/// server span `HTTP <METHOD> <route label>` whose parent is the request's `traceparent`.
+///
+/// While the route runs, `RequestScope.requestID` holds the request id (every log line carries
+/// it) and the span's context is the current `ServiceContext` (outbound spans are its children).
+///
+/// Durations (log line, histogram, span) run from the request's head to the answer's head.
 ///
 /// The log line holds the method, the path and the status: never the query string, which
-/// carries codes and states, nor any header.
+/// carries codes and states, nor any header. Span attributes hold the route label, never the path.
 struct RequestLogMiddleware: RouterMiddleware {
     typealias Context = GatehouseRequestContext
     let logger: Logger
+    /// Gatehouse's own endpoints and their methods (their paths are route labels).
     let routes: [String: [HTTPRequest.Method]]
-    let configuration: GatehouseConfiguration
+    /// The `Gatehouse` in force (its relayed routes; a reload swaps it).
+    let holder: GatehouseHolder
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
@@ -24,35 +34,73 @@ struct RequestLogMiddleware: RouterMiddleware {
         var context = context
         context.requestID = requestID
         context.clientRequestID = request.headers[.requestID].flatMap(RelayForwarding.acceptableClientRequestID)
-        // A relayed request asks once its token and rule have passed; the others read their body at once.
-        let relayed = configuration.route(for: request.uri.path) != nil
-        if !relayed, request.headers[.expect] != nil { await context.sendContinue() }
-        var response: Response
+        let relayRoute = holder.current.configuration.route(for: request.uri.path)
+        let route = RouteLabel.of(path: request.uri.path, endpoints: routes, relayed: relayRoute)
+        let span = Self.startServerSpan(request, route: route, requestID: requestID)
+        return await RequestScope.$requestID.withValue(requestID) {
+            await ServiceContext.$current.withValue(span.context) {
+                // A relayed request asks once its token and rule have passed; the others read their body at once.
+                if relayRoute == nil, request.headers[.expect] != nil { await context.sendContinue() }
+                var response = await respond(request, context: context, next: next)
+                response.headers[.requestID] = requestID
+                let status = Int(response.status.code)
+                span.updateAttributes { $0["http.response.status_code"] = status }
+                if status >= 500 { span.setStatus(SpanStatus(code: .error)) }
+                let relayed = relayRoute != nil
+                log(request, context: context, status: status, relayed: relayed, elapsed: ContinuousClock.now - started)
+                // Counted and ended at the answer's head, as the log line is. Wrapping the body to
+                // wait for its last byte would turn every buffered answer into a streamed one: its
+                // end would reach the connection after the bytes, and a request the app sends right
+                // after reading them could find the answer still owed (the fast path then declines it).
+                RequestMetrics.record(route: route, method: request.method.rawValue, status: status, relayed: relayed,
+                                      elapsed: ContinuousClock.now - started)
+                span.end()
+                return response
+            }
+        }
+    }
+
+    /// The route's answer; an error that escapes it becomes problem+json.
+    private func respond(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async -> Response {
         do {
-            response = try await next(request, context)
+            return try await next(request, context)
         } catch let error as HTTPError where error.status == .notFound {
             if let allowed = routes[request.uri.path] {
-                response = .problem(.methodNotAllowed(), for: request, allow: allowed)
-            } else {
-                response = .problem(.notFound(), for: request)
+                return .problem(.methodNotAllowed(), for: request, allow: allowed)
             }
+            return .problem(.notFound(), for: request)
         } catch let error as HTTPError where error.status == .contentTooLarge {
-            response = .problem(.payloadTooLarge(limit: nil), for: request)
+            return .problem(.payloadTooLarge(limit: nil), for: request)
         } catch {
             logger.error("unhandled error", metadata: ["error_type": .string(String(describing: type(of: error)))])
-            response = .problem(.badRequest("The request could not be processed."), for: request)
+            return .problem(.badRequest("The request could not be processed."), for: request)
         }
-        response.headers[.requestID] = requestID
-        let elapsed = ContinuousClock.now - started
+    }
+
+    private func log(_ request: Request, context: Context, status: Int, relayed: Bool, elapsed: Duration) {
+        guard logger.logLevel <= .info else { return }
+        let milliseconds = Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000
         var metadata: Logger.Metadata = [
-            "request_id": .string(requestID), "method": .string(request.method.rawValue), "path": .string(request.uri.path),
-            "status": .stringConvertible(response.status.code),
-            "ms": .string(String(format: "%.1f", Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000)),
+            "request_id": .string(context.requestID), "method": .string(request.method.rawValue), "path": .string(request.uri.path),
+            "status": .stringConvertible(status), "ms": .string(String(format: "%.1f", milliseconds)),
         ]
         if relayed { metadata["relay"] = "general" }
         if let clientRequestID = context.clientRequestID { metadata["client_request_id"] = .string(clientRequestID) }
         logger.info("request", metadata: metadata)
-        return response
+    }
+
+    /// The request's server span, child of the request's `traceparent` when it has one.
+    /// A no-op span (no allocation of note) while tracing is off.
+    static func startServerSpan(_ request: Request, route: String, requestID: String) -> any Span {
+        var parent = ServiceContext.current ?? .topLevel
+        InstrumentationSystem.instrument.extract(request.headers, into: &parent, using: HTTPFieldsExtractor())
+        let span = startSpan("HTTP \(request.method.rawValue) \(route)", context: parent, ofKind: .server)
+        span.updateAttributes { attributes in
+            attributes["http.request.method"] = request.method.rawValue
+            attributes["http.route"] = route
+            attributes["gatehouse.request_id"] = requestID
+        }
+        return span
     }
 }
 

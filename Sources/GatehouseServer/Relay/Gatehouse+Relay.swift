@@ -8,6 +8,8 @@ import HTTPTypes
 import Logging
 import NIOCore
 import NIOHTTP1
+import ServiceContextModule
+import Tracing
 
 extension Gatehouse {
     /// Bodies up to this size are read whole and sent with a length; larger ones stream.
@@ -50,8 +52,8 @@ extension Gatehouse {
                 sealedView = view
             case .fresh, .ended:
                 return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-            case .unavailable:
-                return .unavailable(.identityUnavailable(), for: request)
+            case .unavailable(let retryAfter):
+                return .unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter)
             }
         }
         var resolution: IdentityResolution
@@ -65,6 +67,10 @@ extension Gatehouse {
             // For the fast path, which finds identities by upstream token.
             relay.cache.insert(resolution, forToken: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL)
         } else if let resolver {
+            // A sealed session's token was found in the store: never junk, never limited per address.
+            if !sealed, let refusal = refusingOverLookupLimit(token: upstreamToken, upstream: route.upstream, request: request, context: context) {
+                return refusal
+            }
             do {
                 resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                            negativeTTL: identitySettings.negativeTTL, resolver: resolver)
@@ -75,9 +81,9 @@ extension Gatehouse {
                     switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
                     case .fresh(let view): refreshed = view
                     case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-                    case .unavailable:
+                    case .unavailable(let retryAfter):
                         // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
-                        return .unavailable(.identityUnavailable(), for: request)
+                        return .unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter)
                     }
                     sessions.views.dropSession(view.sessionID, revoked: false)
                     upstreamToken = refreshed.tokens.accessToken.reveal()
@@ -85,8 +91,7 @@ extension Gatehouse {
                                                                negativeTTL: identitySettings.negativeTTL, resolver: resolver)
                 }
             } catch {
-                logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
-                return .unavailable(.identityUnavailable(), for: request)
+                return identityUnavailable(error, route: route, request: request)
             }
         } else {
             return .problem(.notFound(), for: request)
@@ -96,6 +101,9 @@ extension Gatehouse {
         }
         if let problem = admission.authorize(identity) {
             return .problem(problem, for: request)
+        }
+        if let refusal = refusingOverSubjectLimit(identity, token: upstreamToken, clientID: sealedView?.clientID, request: request) {
+            return refusal
         }
         let url = backend.origin + admission.target
         guard Self.isCarriedFaithfully(url: url, target: admission.target) else {
@@ -117,7 +125,7 @@ extension Gatehouse {
                                                       clientRequestID: context.clientRequestID)
             if admission.expectsContinue { await context.sendContinue() }
             try await attachBody(admission.body, of: request, to: &outbound, route: route)
-            let response = try await relay.backendClient.execute(outbound, timeout: .nanoseconds(route.timeout.inNanoseconds))
+            let response = try await backendCall(outbound, backend: backend, route: route, client: relay.backendClient)
             return try await Self.inboundResponse(response, isHead: request.method == .head)
         } catch let error as RelayBodyTooLarge {
             return .problem(.payloadTooLarge(limit: error.limit), for: request)
@@ -131,6 +139,34 @@ extension Gatehouse {
             logger.warning("backend unavailable", metadata: ["route": .string(route.prefix), "error_type": .string(String(describing: type(of: error)))])
             return .problem(.backendUnavailable(), for: request)
         }
+    }
+
+    /// The backend call in a client span `backend <route label>` (no URL, no query: the host
+    /// and the status only), with the span's `traceparent` sent to the backend.
+    private func backendCall(_ outbound: HTTPClientRequest, backend: RouteBackend, route: RouteSettings,
+                             client: HTTPClient) async throws -> HTTPClientResponse {
+        var outbound = outbound
+        return try await withSpan("backend " + RouteLabel.of(route), ofKind: .client) { span in
+            span.attributes["server.address"] = backend.host
+            InstrumentationSystem.instrument.inject(ServiceContext.current ?? .topLevel, into: &outbound.headers, using: BackendHeadersInjector())
+            let response = try await client.execute(outbound, timeout: .nanoseconds(route.timeout.inNanoseconds))
+            span.attributes["http.response.status_code"] = Int(response.status.code)
+            return response
+        }
+    }
+
+    /// 503 when the identity service cannot answer: `Retry-After: 1` when it is only busy
+    /// (`identity_concurrency` calls already in flight, none made), 5 s otherwise.
+    private func identityUnavailable(_ error: IdentityUnavailable, route: RouteSettings, request: Request) -> Response {
+        var response = Response.unavailable(.identityUnavailable(), for: request)
+        if error.reason == .overloaded {
+            // Counted (`identity_concurrency`) where the call was refused: by the resolver's limit.
+            logger.notice("identity service busy: request refused", metadata: ["upstream": .string(route.upstream)])
+            response.headers[.retryAfter] = "1"
+        } else {
+            logger.warning("identity service unavailable", metadata: ["upstream": .string(route.upstream), "reason": .string(error.reason.rawValue)])
+        }
+        return response
     }
 
     /// Chunked bodies are read whole, before the backend is contacted, on routes whose

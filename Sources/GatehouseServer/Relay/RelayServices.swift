@@ -37,9 +37,12 @@ public struct RelayServices: Sendable {
         self.policies = policies
     }
 
-    /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression.
+    /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression,
+    /// and none of AsyncHTTPClient's own spans (they record the full URL, query included, and
+    /// add a second `traceparent`): the relay makes its `backend` span and injects its context.
     public static func makeBackendClient(for configuration: GatehouseConfiguration) -> HTTPClient {
         var settings = HTTPClient.Configuration()
+        settings.tracing.tracer = nil
         settings.redirectConfiguration = .disallow
         settings.decompression = .disabled
         settings.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 512)

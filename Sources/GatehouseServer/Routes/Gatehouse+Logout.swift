@@ -32,6 +32,7 @@ extension Gatehouse {
             guard let settings = configuration.upstreams[client.upstream], !GatehouseApplication.issuesIDTokens(settings) else {
                 return .problem(.badRequest("id_token_hint is required: the ID token of the sign-in to end."), for: request)
             }
+            audit.record(.logout, clientID: clientID, subject: nil, reason: "no_session")
             return .redirect(to: home)
         }
         // The upstream ID token to hand the upstream's end-session endpoint.
@@ -56,18 +57,22 @@ extension Gatehouse {
                     return .unavailable(.storeUnavailable(), for: request)
                 }
                 logger.info("session ended by logout", metadata: ["client_id": .string(clientID)])
+                audit.record(.logout, clientID: clientID, subject: session.subject, reason: "session_ended")
             } else {
                 upstreamIDToken = nil  // already ended: nothing left to end upstream
+                audit.record(.logout, clientID: clientID, subject: nil, reason: "already_ended")
             }
         case .passthrough:
+            let subject: String
             do throws(OAuthError) {
-                _ = try await upstream.verifyIDTokenHint(hint)
+                subject = try await upstream.verifyIDTokenHint(hint)
             } catch where error.status >= 503 {
                 return .unavailable(.identityUnavailable(), for: request)
             } catch {
                 return .problem(.badRequest("id_token_hint is not an ID token of this app's upstream."), for: request)
             }
             upstreamIDToken = hint
+            audit.record(.logout, clientID: clientID, subject: subject, reason: "upstream_session")
         }
         guard let upstreamIDToken else { return .redirect(to: home) }
         let state = SecureToken.generate()

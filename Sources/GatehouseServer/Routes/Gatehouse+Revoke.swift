@@ -44,6 +44,7 @@ extension Gatehouse {
                     return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
                 }
                 logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
+                audit.record(.revoke, clientID: clientID, subject: session.subject, reason: "session_ended")
             }
         } else if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
             if let session = await sessionOf(token, sessions: sessions), session.clientID == client.clientID, session.isLive(at: now()) {
@@ -53,6 +54,7 @@ extension Gatehouse {
                     return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
                 }
                 logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
+                audit.record(.revoke, clientID: clientID, subject: session.subject, reason: "session_ended")
             }
         } else if let upstream = upstreams[client.upstream] {
             // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
@@ -68,6 +70,7 @@ extension Gatehouse {
             }
             let hint = form["token_type_hint"] == "access_token" ? "access_token" : "refresh_token"
             await upstream.revoke(token, hint: hint)
+            audit.record(.revoke, clientID: clientID, subject: nil, reason: "upstream_" + hint)
             // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
             let key = TokenKey(token: token, upstream: client.upstream)
             relay?.cache.invalidate(key: key)

@@ -63,7 +63,10 @@ extension Gatehouse {
                 guard !refreshToken.hasPrefix(SessionServices.refreshPrefix), !refreshToken.hasPrefix(SessionServices.accessPrefix) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
-                return try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
+                let tokens = try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
+                // Passthrough tokens name nobody Gatehouse has verified: no subject.
+                audit.record(.refresh, clientID: client.clientID, subject: nil, metadata: ["upstream": .string(client.upstream)])
+                return tokens
             }
         }
     }
@@ -86,13 +89,18 @@ extension Gatehouse {
             }
             return try await beginCentralSession(user: user, clientID: client.clientID, upstream: central).oauthBody(now: now())
         }
+        let tokens: Data
         switch client.tokenExposure {
         case .passthrough:
             await passthrough.bind(signIn.tokens, to: client)
-            return signIn.tokens
+            tokens = signIn.tokens
         case .sealed:
-            return try await beginSession(client: client, signIn: signIn)
+            tokens = try await beginSession(client: client, signIn: signIn)
         }
+        audit.record(.sign_in, clientID: client.clientID, subject: signIn.subject, metadata: [
+            "upstream": .string(client.upstream), "token_exposure": .string(client.tokenExposure.rawValue),
+        ])
+        return tokens
     }
 
     /// Callback mode: the code is Gatehouse's own; it is consumed before anything is checked,

@@ -14,7 +14,7 @@ public struct OpenedStore: Sendable {
 
     public static func open(_ configuration: GatehouseConfiguration, logger: Logger) async throws -> OpenedStore {
         if let settings = configuration.store.postgres {
-            let postgres = PostgresStore(client: try PostgresStore.makeClient(settings, logger: logger), logger: logger)
+            let postgres = PostgresStore(client: try PostgresStore.makeClient(settings, logger: logger), poolSize: settings.poolSize, logger: logger)
             return OpenedStore(store: postgres, postgres: postgres, sqlite: nil)
         }
         let sqlite = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)

@@ -5,17 +5,19 @@ import Synchronization
 final class Coalescer<Value: Sendable>: Sendable {
     private let running = Mutex<[String: Task<Value, Never>]>([:])
 
-    func run(_ key: String, _ work: @escaping @Sendable () async -> Value) async -> Value {
-        let task: Task<Value, Never> = running.withLock { tasks in
-            if let task = tasks[key] { return task }
+    /// The work's result, and whether this caller joined work another caller had started
+    /// (`joined`: it got someone else's result, counted as a coalesced refresh).
+    func run(_ key: String, _ work: @escaping @Sendable () async -> Value) async -> (value: Value, joined: Bool) {
+        let (task, joined): (Task<Value, Never>, Bool) = running.withLock { tasks in
+            if let task = tasks[key] { return (task, true) }
             let task = Task<Value, Never> {
                 let value = await work()
                 _ = self.running.withLock { $0.removeValue(forKey: key) }
                 return value
             }
             tasks[key] = task
-            return task
+            return (task, false)
         }
-        return await task.value
+        return (await task.value, joined)
     }
 }

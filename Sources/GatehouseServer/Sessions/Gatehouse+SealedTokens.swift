@@ -127,11 +127,17 @@ extension Gatehouse {
 
     /// The refresh-token family as `RefreshRotation` decides it, for Gatehouse's own refresh tokens
     /// of any format: `issue` makes the successor pair of a live session.
+    ///
+    /// Counted once in `gatehouse_refreshes_total` (`performed`: rotated; `coalesced`: the pair
+    /// of a rotation within the grace window; `reuse_detected`; `failed`), plus `family_revoked`
+    /// when a reuse ends the session; audited (`refresh`, `reuse_detected`, `family_revoked`).
     func rotateFamily(refreshToken: String, hash: String, clientID: String, sessions: SessionServices,
                       issue: (SessionRecord, RefreshTokenRecord, Date) async throws(OAuthError) -> RotationSuccessor)
         async throws(OAuthError) -> Data
     {
         let purpose = "gatehouse refresh-successor v1"
+        var counted = GatehouseMetrics.RefreshOutcome.failed
+        defer { GatehouseMetrics.refresh(counted) }
         for _ in 0..<3 {
             let now = self.now()
             let record: RefreshTokenRecord?
@@ -152,20 +158,33 @@ extension Gatehouse {
                 guard let sealed = record?.successorSealed, let pair = try? TokenSeal.open(sealed, with: refreshToken, purpose: purpose) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
+                counted = .coalesced
+                audit.record(.refresh, clientID: clientID, subject: session?.subject, reason: "grace_replay")
                 return pair
             case .revokeFamily:
                 guard let session else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
+                counted = .reuse_detected
                 logger.warning("security event: a replaced refresh token was presented again; its session is revoked",
                                metadata: ["client_id": .string(clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
-                try? await endSession(session, sessions: sessions)
+                audit.record(.reuse_detected, clientID: clientID, subject: session.subject, reason: "refresh_token_after_grace")
+                if (try? await endSession(session, sessions: sessions)) != nil {
+                    GatehouseMetrics.refresh(.family_revoked)
+                    audit.record(.family_revoked, clientID: clientID, subject: session.subject, reason: "refresh_token_reuse")
+                }
                 throw .invalidGrant("the refresh token was already used; the session has been ended")
             case .rotate:
                 guard let session, let record else { throw .invalidGrant("the refresh token is invalid, expired or revoked") }
                 let successor = try await issue(session, record, now)
-                guard successor.replacesToken else { return successor.body }
+                guard successor.replacesToken else {
+                    counted = .performed
+                    audit.record(.refresh, clientID: clientID, subject: session.subject)
+                    return successor.body
+                }
                 do {
                     let sealed = try TokenSeal.seal(successor.body, with: refreshToken, purpose: purpose)
                     if try await sessions.store.markRefreshTokenReplaced(hash: hash, successorSealed: sealed, now: now) {
+                        counted = .performed
+                        audit.record(.refresh, clientID: clientID, subject: session.subject)
                         return successor.body
                     }
                     // Another request rotated it first: drop ours and answer theirs.

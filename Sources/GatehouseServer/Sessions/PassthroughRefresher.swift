@@ -17,6 +17,7 @@ final class PassthroughRefresher: Sendable {
     let bindingLifetime: Double
     let instanceID = String(SecureToken.generate().prefix(12))
     let logger: Logger
+    let audit: AuditLog
     let now: @Sendable () -> Date
     private let refreshes = Coalescer<Result<Data, OAuthError>>()
     private static let purpose = "gatehouse passthrough refresh v1"
@@ -24,8 +25,10 @@ final class PassthroughRefresher: Sendable {
     /// sessions' refreshes too).
     static let waitLimit: Double = 10
 
-    init(store: any PassthroughTokenStore, configuration: GatehouseConfiguration, now: @escaping @Sendable () -> Date, logger: Logger) {
+    init(store: any PassthroughTokenStore, configuration: GatehouseConfiguration, now: @escaping @Sendable () -> Date, logger: Logger,
+         audit: AuditLog = AuditLog()) {
         self.store = store
+        self.audit = audit
         self.grace = configuration.sessions?.refreshGrace ?? .seconds(30)
         self.bindingLifetime = (configuration.sessions?.refreshTokenLifetime ?? .seconds(30 * 86400)).inSeconds
         self.now = now
@@ -55,17 +58,24 @@ final class PassthroughRefresher: Sendable {
 
     func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
         let key = SecureToken.hash(token) + " " + client.clientID + " " + (scope ?? "")
-        let result = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
+        let (result, joined) = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
+            var counted = GatehouseMetrics.RefreshOutcome.failed
+            defer { GatehouseMetrics.refresh(counted) }
             do throws(OAuthError) {
-                return .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream))
+                return .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream, counted: &counted))
             } catch {
                 return .failure(error)
             }
         }
+        if joined { GatehouseMetrics.refresh(.coalesced) }
         return try result.get()
     }
 
-    private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
+    /// One refresh across instances; `counted` ends as its `gatehouse_refreshes_total` outcome:
+    /// `performed` (this call got the upstream's answer), `coalesced` (another's answer, within
+    /// the grace window), `reuse_detected` (a rotated-out token after it) or `failed`.
+    private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile,
+                            counted: inout GatehouseMetrics.RefreshOutcome) async throws(OAuthError) -> Data {
         let hash = SecureToken.hash(token)
         let deadline = now().addingTimeInterval(Self.waitLimit)
         var sawAnotherRefresh = false
@@ -77,11 +87,19 @@ final class PassthroughRefresher: Sendable {
                 logger.notice("a passthrough refresh token was presented by another app", metadata: ["client_id": .string(client.clientID)])
                 throw .invalidGrant("the refresh token was issued to another app")
             case .refuse:
+                if let record, record.rotated, record.answerSealed != nil {
+                    // Rotated out by an answer older than the grace window: a replay, the upstream's family is at risk.
+                    counted = .reuse_detected
+                    logger.warning("security event: a replaced passthrough refresh token was presented again",
+                                   metadata: ["client_id": .string(client.clientID)])
+                    audit.record(.reuse_detected, clientID: client.clientID, subject: nil, reason: "passthrough_refresh_token")
+                }
                 throw .invalidGrant("the refresh token is invalid, expired or revoked")
             case .replay(let sealed):
                 guard let body = try? TokenSeal.open(sealed, with: token, purpose: Self.purpose) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
+                counted = .coalesced
                 return body
             case .wait:
                 sawAnotherRefresh = true
@@ -110,7 +128,7 @@ final class PassthroughRefresher: Sendable {
                 }
                 if leased {
                     return try await refreshUnderLease(token, hash: hash, owner: owner, boundBefore: record != nil, scope: scope,
-                                                       client: client, upstream: upstream)
+                                                       client: client, upstream: upstream, counted: &counted)
                 }
                 try? await Task.sleep(for: .milliseconds(20 + Int.random(in: 0..<30)))
             }
@@ -119,13 +137,16 @@ final class PassthroughRefresher: Sendable {
     }
 
     private func refreshUnderLease(_ token: String, hash: String, owner: String, boundBefore: Bool, scope: String?, client: AppClient,
-                                   upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
+                                   upstream: any UpstreamProfile, counted: inout GatehouseMetrics.RefreshOutcome) async throws(OAuthError) -> Data {
         let fresh: UpstreamTokenResponse
         do throws(OAuthError) {
             fresh = try await upstream.refreshRespectingPolicy(token, scope: scope)
         } catch where error.code == "invalid_grant" {
             // Another instance may have answered after our lease ran out: its answer stands.
-            if let stored = try? await storedAnswer(hash, token: token) { return stored }
+            if let stored = try? await storedAnswer(hash, token: token) {
+                counted = .coalesced
+                return stored
+            }
             // Remembered for as long as a binding: a spent token is never sent upstream again.
             let at = now()
             _ = try? await store.answerPassthroughRefresh(hash: hash, sealed: nil, rotated: true, now: at,
@@ -143,9 +164,11 @@ final class PassthroughRefresher: Sendable {
                 logger.warning("passthrough refresh outcome unknown; not retried", metadata: ["client_id": .string(client.clientID)])
                 throw .upstreamUnavailable("the authorization server did not confirm the refresh; try again")
             case .unspent:
-                throw .upstreamUnavailable(error.detail)
+                // A 429 carries the upstream's wait: the app is told the same.
+                throw .upstreamUnavailable(error.detail, retryAfter: error.retryAfter ?? 5)
             }
         }
+        counted = .performed
         let body = fresh.json
         let rotated = fresh.refreshToken.map { $0.reveal() != token } ?? false
         // The new tokens are bound before anyone can see them.

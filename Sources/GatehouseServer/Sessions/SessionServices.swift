@@ -62,8 +62,9 @@ public final class SessionServices: Sendable {
         case fresh(SessionView)
         /// The upstream said `invalid_grant`, or the session is gone: sign in again.
         case ended
-        /// The upstream or the store could not be reached: try again later; the session lives.
-        case unavailable
+        /// The upstream or the store could not be reached: try again later (after `retryAfter`
+        /// seconds when the upstream asked for a wait, its 429); the session lives.
+        case unavailable(retryAfter: Int? = nil)
     }
 
     func open(_ session: SessionRecord) throws -> SessionView {
@@ -98,7 +99,7 @@ public final class SessionServices: Sendable {
         do {
             grant = try await store.session(forAccessTokenHash: hash, now: now)
         } catch {
-            return .unavailable
+            return .unavailable()
         }
         guard let grant, var view = try? open(grant.session) else { return .ended }
         if refreshing, needsRefresh(view, now: now) {
@@ -112,26 +113,36 @@ public final class SessionServices: Sendable {
     }
 
     /// Refreshes a session's upstream tokens once, however many ask at the same time.
+    /// Counted in `gatehouse_refreshes_total`: whoever waited for this process's refresh is `coalesced`.
     func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
-        await refreshes.run(sessionID) {
+        let (outcome, joined) = await refreshes.run(sessionID) {
             await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
         }
+        if joined { GatehouseMetrics.refresh(.coalesced) }
+        return outcome
     }
 
+    /// One refresh, counted once: `performed` (the upstream gave new tokens), `coalesced` (another
+    /// instance's tokens were used) or `failed` (anything else: the caller gets no new tokens).
     private func performRefresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+        var counted = GatehouseMetrics.RefreshOutcome.failed
+        defer { GatehouseMetrics.refresh(counted) }
         let deadline = now().addingTimeInterval(PassthroughRefresher.waitLimit)
         var sawAnotherRefresh = false
         while now() < deadline {
             let session: SessionRecord?
-            do { session = try await store.session(id: sessionID) } catch { return .unavailable }
+            do { session = try await store.session(id: sessionID) } catch { return .unavailable() }
             guard let session, session.isLive(at: now()), let view = try? open(session) else { return .ended }
-            if session.version > knownVersion, !needsRefresh(view, now: now()) { return .fresh(view) }
+            if session.version > knownVersion, !needsRefresh(view, now: now()) {
+                counted = .coalesced
+                return .fresh(view)
+            }
             if sawAnotherRefresh, session.leaseOwner == nil {
                 // The other instance gave its lease up without new tokens: its refresh failed or
                 // its outcome is unknown. Refreshing again at once would be a retry the upstream's
                 // `refresh_token_policy` may forbid; the caller's next attempt does it. (A lease
                 // that ran out, a dead holder, keeps its owner and is taken over below.)
-                return .unavailable
+                return .unavailable()
             }
             // The lease outlasts the longest refresh this instance may make: three attempts and their backoff.
             let lease = upstreams[session.upstream]?.settings.refreshLeaseSeconds ?? 32
@@ -139,7 +150,7 @@ public final class SessionServices: Sendable {
             do {
                 leased = try await store.acquireRefreshLease(sessionID: sessionID, owner: instanceID,
                                                               until: now().addingTimeInterval(lease), now: now())
-            } catch { return .unavailable }
+            } catch { return .unavailable() }
             guard leased else {
                 // Another instance is refreshing this session: wait for its result, not a second refresh.
                 sawAnotherRefresh = true
@@ -149,18 +160,20 @@ public final class SessionServices: Sendable {
             // Read again under the lease: the refresher before us may have finished between our
             // read and our lease, and its refresh token is the only one the upstream still takes.
             let current: SessionRecord?
-            do { current = try await store.session(id: sessionID) } catch { return .unavailable }
+            do { current = try await store.session(id: sessionID) } catch { return .unavailable() }
             guard let current, current.isLive(at: now()), let currentView = try? open(current) else { return .ended }
             if current.version > knownVersion, !needsRefresh(currentView, now: now()) {
                 try? await store.releaseRefreshLease(sessionID: sessionID, owner: instanceID)
+                counted = .coalesced
                 return .fresh(currentView)
             }
-            return await refreshUnderLease(current, view: currentView, upstreams: upstreams)
+            return await refreshUnderLease(current, view: currentView, upstreams: upstreams, counted: &counted)
         }
-        return .unavailable
+        return .unavailable()
     }
 
-    private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+    private func refreshUnderLease(_ session: SessionRecord, view: SessionView, upstreams: [String: any UpstreamProfile],
+                                   counted: inout GatehouseMetrics.RefreshOutcome) async -> RefreshOutcome {
         guard let upstream = upstreams[session.upstream], let refreshToken = view.tokens.refreshToken else {
             _ = try? await store.revokeSession(id: session.id, ifVersion: session.version, now: now())
             return .ended
@@ -173,6 +186,7 @@ public final class SessionServices: Sendable {
             // A newer version means another instance refreshed after our lease ran out: its result stands.
             if let stored = try? await store.session(id: session.id), stored.version > session.version,
                stored.isLive(at: now()), let storedView = try? open(stored) {
+                counted = .coalesced
                 return .fresh(storedView)
             }
             logger.notice("upstream refused the session's refresh token; session ended", metadata: ["upstream": .string(session.upstream)])
@@ -186,13 +200,14 @@ public final class SessionServices: Sendable {
                 "outcome": .string(error.delivery == .unknown ? "unknown" : "not spent"),
             ])
             try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
-            return .unavailable
+            return .unavailable(retryAfter: error.retryAfter)
         }
+        counted = .performed
         guard let fresh, let merged = try? Self.merge(fresh.json, keepingRefreshTokenOf: view.tokens.json),
               let tokens = try? UpstreamTokenResponse(body: merged),
               let (keyID, sealed) = try? settings.keyRing.seal(merged, associatedData: session.id) else {
             try? await store.releaseRefreshLease(sessionID: session.id, owner: instanceID)
-            return .unavailable
+            return .unavailable()
         }
         // 2. The upstream has spent the old refresh token: never ask it again; store the new pair.
         let expiresAt = fresh.expiresIn.map { now().addingTimeInterval(Double($0)) }

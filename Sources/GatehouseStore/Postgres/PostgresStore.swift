@@ -13,10 +13,14 @@ public import PostgresNIO
 public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer {
     public let client: PostgresClient
     let logger: Logger
+    let telemetry: StoreTelemetry
 
-    public init(client: PostgresClient, logger: Logger) {
+    /// `poolSize`: the connections `client` may use for queries (`store.postgres.pool_size`),
+    /// for `gatehouse_store_lease_waits_total`; `nil` counts no waits.
+    public init(client: PostgresClient, poolSize: Int? = nil, logger: Logger) {
         self.client = client
         self.logger = logger
+        self.telemetry = StoreTelemetry(store: "postgres", poolSize: poolSize)
     }
 
     /// Client settings from Gatehouse's configuration.
@@ -103,8 +107,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func consumeTransaction(stateHash: String, now: Date) async throws -> Data? {
         let rows = try await query(
             "DELETE FROM authorization_transactions WHERE state_hash = \(stateHash) AND expires_at > \(ms(now)) RETURNING payload", logger: logger)
-        for try await payload in rows.decode(Data.self) { return payload }
-        return nil
+        return try rows.first?.decode(Data.self)
     }
 
     public func insertCode(sealed: Data, codeHash: String, expiresAt: Date) async throws {
@@ -115,8 +118,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func consumeCode(codeHash: String, now: Date) async throws -> Data? {
         let rows = try await query(
             "DELETE FROM issued_codes WHERE code_hash = \(codeHash) AND expires_at > \(ms(now)) RETURNING sealed", logger: logger)
-        for try await sealed in rows.decode(Data.self) { return sealed }
-        return nil
+        return try rows.first?.decode(Data.self)
     }
 
     @discardableResult
@@ -127,7 +129,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
         }
         let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
-        for try await id in ended.decode(String.self) {
+        for row in ended {
+            let id = try row.decode(String.self)
             removed += 1
             try await query("DELETE FROM refresh_tokens WHERE session_id = \(id)", logger: logger)
             try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
@@ -162,11 +165,9 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             SELECT \(Self.columns), a.expires_at FROM access_tokens a JOIN sessions s ON s.id = a.session_id
             WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
             """, binds: binds(hash, ms(now))), logger: logger)
-        for try await row in rows {
-            let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, Int).self)
-            return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12), Self.date(c.13))
-        }
-        return nil
+        guard let row = rows.first else { return nil }
+        let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, Int).self)
+        return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12), Self.date(c.13))
     }
 
     public func insertAccessToken(hash: String, sessionID: String, expiresAt: Date) async throws {
@@ -180,11 +181,10 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func refreshToken(hash: String) async throws -> RefreshTokenRecord? {
         let rows = try await query(
             "SELECT hash, session_id, expires_at, replaced_at, successor_sealed FROM refresh_tokens WHERE hash = \(hash)", logger: logger)
-        for try await (hash, session, expires, replaced, successor) in rows.decode((String, String, Int, Int?, Data?).self) {
-            return RefreshTokenRecord(hash: hash, sessionID: session, expiresAt: Self.date(expires), replacedAt: replaced.map(Self.date),
-                                      successorSealed: successor)
-        }
-        return nil
+        guard let row = rows.first else { return nil }
+        let (hash, session, expires, replaced, successor) = try row.decode((String, String, Int, Int?, Data?).self)
+        return RefreshTokenRecord(hash: hash, sessionID: session, expiresAt: Self.date(expires), replacedAt: replaced.map(Self.date),
+                                  successorSealed: successor)
     }
 
     public func markRefreshTokenReplaced(hash: String, successorSealed: Data, now: Date) async throws -> Bool {
@@ -279,11 +279,10 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
             FROM passthrough_tokens WHERE hash = \(hash)
             """, logger: logger)
-        for try await c in rows.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool).self) {
-            return PassthroughTokenRecord(hash: c.0, clientID: c.1, upstream: c.2, expiresAt: Self.date(c.3), leaseOwner: c.4,
-                                          leaseUntil: c.5.map(Self.date), answeredAt: c.6.map(Self.date), answerSealed: c.7, rotated: c.8)
-        }
-        return nil
+        guard let row = rows.first else { return nil }
+        let c = try row.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool).self)
+        return PassthroughTokenRecord(hash: c.0, clientID: c.1, upstream: c.2, expiresAt: Self.date(c.3), leaseOwner: c.4,
+                                      leaseUntil: c.5.map(Self.date), answeredAt: c.6.map(Self.date), answerSealed: c.7, rotated: c.8)
     }
 
     public func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
@@ -346,7 +345,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     group.addTask {
                         while true {
                             try await Task.sleep(for: .seconds(30))
-                            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await connection.query("SELECT 1", logger: logger) }
+                            _ = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await connection.query("SELECT 1", logger: logger) }
                         }
                     }
                     defer { group.cancelAll() }
@@ -362,16 +361,22 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     /// gets a quick 503 instead of a request that hangs until the database returns.
     static let queryTimeout: Duration = .seconds(2)
 
+    /// Runs one statement and reads its rows (the connection goes back to the pool with the
+    /// last row): every query of the store but the migrations and the LISTEN passes here, counted
+    /// and timed by `telemetry`.
     @discardableResult
-    private func query(_ query: PostgresQuery, logger: Logger) async throws -> PostgresRowSequence {
+    private func query(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
         let client = self.client
-        return try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await client.query(query, logger: logger) }
+        return try await telemetry.measure {
+            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await client.query(query, logger: logger).collect() }
+        }
     }
 
     private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
         var result: [SessionRecord] = []
         let rows = try await query(statement, logger: logger)
-        for try await c in rows.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?).self) {
+        for row in rows {
+            let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?).self)
             result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12))
         }
         return result
@@ -385,10 +390,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                       revokedAt: revoked.map(date), leaseOwner: leaseOwner, leaseUntil: leaseUntil.map(date))
     }
 
-    private func count(_ rows: PostgresRowSequence) async throws -> Int {
-        var count = 0
-        for try await _ in rows { count += 1 }
-        return count
+    private func count(_ rows: [PostgresRow]) -> Int {
+        rows.count
     }
 
     private func binds(_ values: any PostgresEncodable...) -> PostgresBindings {

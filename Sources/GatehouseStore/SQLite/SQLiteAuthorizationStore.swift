@@ -9,10 +9,11 @@ import SQLiteNIO
 /// Single use rests on `DELETE … RETURNING`: SQLite applies the whole delete during the
 /// statement's first step, so of two racing consumers exactly one receives the row.
 public final class SQLiteAuthorizationStore: AuthorizationStore {
-    let connection: SQLiteConnection
+    /// Every query of the store goes through it (and is measured there).
+    let connection: MeasuredSQLiteConnection
 
     private init(connection: SQLiteConnection) {
-        self.connection = connection
+        self.connection = MeasuredSQLiteConnection(connection: connection, telemetry: StoreTelemetry(store: "sqlite", poolSize: 1))
     }
 
     /// Opens (creating when missing) the database file and applies the schema.
@@ -112,5 +113,21 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
 
     static func milliseconds(_ date: Date) -> Int {
         Int((date.timeIntervalSince1970 * 1000).rounded(.down))
+    }
+}
+
+/// The store's one SQLite connection: each query counted and timed by `StoreTelemetry` (one
+/// connection, so a query that finds another in flight waits for it).
+struct MeasuredSQLiteConnection: Sendable {
+    let connection: SQLiteConnection
+    let telemetry: StoreTelemetry
+
+    @discardableResult
+    func query(_ sql: String, _ binds: [SQLiteData]) async throws -> [SQLiteRow] {
+        try await telemetry.measure { try await connection.query(sql, binds) }
+    }
+
+    func close() async throws {
+        try await connection.close()
     }
 }

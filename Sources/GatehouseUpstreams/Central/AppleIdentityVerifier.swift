@@ -20,9 +20,10 @@ public struct AppleIdentityVerifier: Sendable {
     /// Allowed clock difference for `exp`.
     static let leeway: TimeInterval = 30
 
-    public init(settings: CentralSettings.Apple, httpClient: HTTPClient, timeout: Duration) {
+    /// - Parameter telemetry: the central upstream's, which counts Apple's key set fetches as its `jwks` calls.
+    public init(settings: CentralSettings.Apple, httpClient: HTTPClient, timeout: Duration, telemetry: UpstreamTelemetry) {
         self.settings = settings
-        self.keys = JWKSCache(url: settings.jwksURL, fetch: JWKSCache.httpFetcher(client: httpClient, timeout: timeout))
+        self.keys = JWKSCache(url: settings.jwksURL, fetch: JWKSCache.httpFetcher(client: httpClient, timeout: timeout, telemetry: telemetry))
     }
 
     init(settings: CentralSettings.Apple, keys: JWKSCache) {

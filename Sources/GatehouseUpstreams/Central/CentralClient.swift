@@ -107,7 +107,7 @@ public struct CentralClient: Sendable {
         }
         request.body = .bytes(ByteBuffer(string: body))
         do throws(OAuthError) {
-            return try await http.sendWithHeaders(request, purpose: purpose)
+            return try await http.sendWithHeaders(request, endpoint: .s2s, purpose: purpose)
         } catch {
             throw .upstream(error)
         }

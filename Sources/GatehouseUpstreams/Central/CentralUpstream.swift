@@ -22,8 +22,10 @@ public struct CentralUpstream: UpstreamProfile {
     public init(settings: UpstreamSettings, central: CentralSettings, httpClient: HTTPClient, logger: Logger) {
         self.settings = settings
         self.central = central
-        self.client = CentralClient(settings: settings, central: central, httpClient: httpClient, logger: logger)
-        self.apple = central.apple.map { AppleIdentityVerifier(settings: $0, httpClient: httpClient, timeout: settings.timeout) }
+        let client = CentralClient(settings: settings, central: central, httpClient: httpClient, logger: logger)
+        self.client = client
+        self.apple = central.apple.map { AppleIdentityVerifier(settings: $0, httpClient: httpClient, timeout: settings.timeout,
+                                                               telemetry: client.http.telemetry) }
     }
 
     public func beginAuthorization(_ start: AuthorizationStart) async throws(OAuthError) -> AuthorizationBegun {

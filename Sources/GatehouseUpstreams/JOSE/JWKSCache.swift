@@ -231,18 +231,21 @@ public actor JWKSCache {
     }
 
     /// A `fetch` for `init` over AsyncHTTPClient: `GET url` accepting JSON, the whole exchange
-    /// (body included, at most `maximumKeySetBytes`) bounded by `timeout`.
-    public static func httpFetcher(client: HTTPClient, timeout: Duration) -> Fetch {
+    /// (body included, at most `maximumKeySetBytes`) bounded by `timeout`, counted and traced as
+    /// the upstream's `jwks` endpoint.
+    public static func httpFetcher(client: HTTPClient, timeout: Duration, telemetry: UpstreamTelemetry) -> Fetch {
         { url in
             var request = HTTPClientRequest(url: url)
             request.headers.add(name: "Accept", value: "application/json")
-            let prepared = request
-            let answer: (status: Int, body: Data) = try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
-                let response = try await client.execute(prepared, timeout: .nanoseconds(timeout.inNanoseconds))
-                let body = try await response.body.collect(upTo: JWKSCache.maximumKeySetBytes)
-                return (status: Int(response.status.code), body: Data(body.readableBytesView))
-            }
-            return answer
+            return try await telemetry.call(.jwks, request, classify: { (answer: (status: Int, body: Data)) in
+                (GatehouseMetrics.Outcome(status: answer.status), answer.status)
+            }, send: { request in
+                try await withDeadline(timeout, orThrow: { HTTPClientError.deadlineExceeded }) {
+                    let response = try await client.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
+                    let body = try await response.body.collect(upTo: JWKSCache.maximumKeySetBytes)
+                    return (status: Int(response.status.code), body: Data(body.readableBytesView))
+                }
+            })
         }
     }
 }

@@ -28,12 +28,17 @@ public struct OAuth2Upstream: UpstreamProfile {
     private let http: UpstreamHTTP
 
     public init(settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger) {
-        self.settings = settings
-        guard let oauth2 = settings.profile as? OAuth2Settings else {
+        self.init(http: UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger))
+    }
+
+    /// Over a given exchange (tests hand in a transport and a metrics factory).
+    init(http: UpstreamHTTP) {
+        self.settings = http.settings
+        guard let oauth2 = http.settings.profile as? OAuth2Settings else {
             preconditionFailure("an oauth2 upstream without OAuth2Settings")
         }
         self.oauth2 = oauth2
-        self.http = UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger)
+        self.http = http
     }
 
     static let kind = UpstreamRegistry.Kind(

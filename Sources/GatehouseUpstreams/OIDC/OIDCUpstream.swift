@@ -19,7 +19,7 @@ public struct OIDCUpstream: UpstreamProfile {
         self.logger = logger
         let http = UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger)
         self.http = http
-        self.provider = OIDCProviderState(settings: oidc, http: http, fetcher: JWKSCache.httpFetcher(client: httpClient, timeout: settings.timeout))
+        self.provider = OIDCProviderState(settings: oidc, http: http, fetcher: http.keySetFetcher())
     }
 
     static let kind = UpstreamRegistry.Kind(
@@ -80,7 +80,8 @@ public struct OIDCUpstream: UpstreamProfile {
     }
 
     private func fetchUserinfo(_ url: String, accessToken: String, subject: String) async throws(OAuthError) -> Data {
-        let answer = try await http.get(url, bearer: accessToken, accept: "application/json, application/jwt", purpose: "userinfo")
+        let answer = try await http.get(url, bearer: accessToken, accept: "application/json, application/jwt", endpoint: .userinfo,
+                                       purpose: "userinfo")
         guard answer.body.count <= Self.maximumUserinfoBytes else {
             throw .badUpstream("the upstream's userinfo is larger than \(Self.maximumUserinfoBytes) bytes")
         }
@@ -188,7 +189,7 @@ actor OIDCProviderState {
         for attempt in 0..<2 {
             if attempt > 0 { try? await Task.sleep(for: .milliseconds(200)) }
             do throws(OAuthError) {
-                let answer = try await http.get(settings.discoveryURL, purpose: "discovery")
+                let answer = try await http.get(settings.discoveryURL, endpoint: .discovery, purpose: "discovery")
                 guard answer.status == 200 else {
                     lastError = answer.status >= 500 || answer.status == 429
                         ? .upstreamUnavailable("the upstream's discovery document is unavailable (HTTP \(answer.status))")

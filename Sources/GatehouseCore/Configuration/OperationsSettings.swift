@@ -1,0 +1,197 @@
+/// What an operations team tunes: metrics, traces, the audit stream, rate limits and shutdown.
+/// Decoded from `observability` and `rate_limits` (shutdown timing is in `ServerSettings`).
+public struct OperationsSettings: Sendable, Equatable {
+    /// `/metrics`; `nil`: served nowhere.
+    public var metrics: MetricsSettings?
+    /// OTLP/HTTP traces; `nil`: off (the default).
+    public var tracing: TracingSettings?
+    /// Where audit events go; `nil`: standard error, with the logs.
+    public var auditFile: String?
+    public var rateLimits: RateLimitSettings
+
+    public init(metrics: MetricsSettings? = nil, tracing: TracingSettings? = nil, auditFile: String? = nil,
+                rateLimits: RateLimitSettings = RateLimitSettings()) {
+        self.metrics = metrics
+        self.tracing = tracing
+        self.auditFile = auditFile
+        self.rateLimits = rateLimits
+    }
+}
+
+/// `observability.metrics`: a listener of its own, or the public port for some addresses.
+public struct MetricsSettings: Sendable, Equatable {
+    /// A separate listener that serves `GET /metrics` only.
+    public var listenHost: String?
+    public var listenPort: Int?
+    /// Peers that may read `/metrics` on the public port; empty: never on the public port.
+    public var allow: [AddressRange]
+
+    public init(listenHost: String? = nil, listenPort: Int? = nil, allow: [AddressRange] = []) {
+        self.listenHost = listenHost
+        self.listenPort = listenPort
+        self.allow = allow
+    }
+}
+
+/// `observability.tracing`: OTLP/HTTP (protobuf) export of spans.
+public struct TracingSettings: Sendable, Equatable {
+    /// The collector's traces URL, e.g. `http://collector:4318/v1/traces`.
+    public var endpoint: String
+    public var serviceName: String
+    /// Share of new traces kept (parent-based: a sampled parent is always followed).
+    public var sampleRatio: Double
+
+    public init(endpoint: String, serviceName: String = "gatehouse", sampleRatio: Double = 1) {
+        self.endpoint = endpoint
+        self.serviceName = serviceName
+        self.sampleRatio = sampleRatio
+    }
+}
+
+/// `rate_limits`: token buckets, in process (each instance counts on its own).
+public struct RateLimitSettings: Sendable, Equatable {
+    /// Peers whose `X-Forwarded-For` / `Forwarded` is believed.
+    public var trustedProxies: [AddressRange]
+    public var oauthPerClient: BucketSettings?
+    public var oauthPerAddress: BucketSettings?
+    public var relayPerSubject: BucketSettings?
+    /// Identity look-ups (tokens not in the cache) per client address.
+    public var identityLookupsPerAddress: BucketSettings?
+    /// Identity calls in flight toward each identity service.
+    public var identityConcurrency: Int
+
+    public init(trustedProxies: [AddressRange] = [], oauthPerClient: BucketSettings? = nil, oauthPerAddress: BucketSettings? = nil,
+                relayPerSubject: BucketSettings? = nil, identityLookupsPerAddress: BucketSettings? = nil,
+                identityConcurrency: Int = 32) {
+        self.trustedProxies = trustedProxies
+        self.oauthPerClient = oauthPerClient
+        self.oauthPerAddress = oauthPerAddress
+        self.relayPerSubject = relayPerSubject
+        self.identityLookupsPerAddress = identityLookupsPerAddress
+        self.identityConcurrency = identityConcurrency
+    }
+}
+
+/// One token bucket: `burst` requests at once, refilled at `perSecond`.
+public struct BucketSettings: Sendable, Equatable {
+    public var perSecond: Double
+    public var burst: Int
+
+    public init(perSecond: Double, burst: Int) {
+        self.perSecond = perSecond
+        self.burst = burst
+    }
+}
+
+extension GatehouseConfiguration {
+    static func decodeOperations(_ top: MappingReader) -> OperationsSettings {
+        var settings = OperationsSettings()
+        if let observability = top.mapping("observability") {
+            settings.metrics = observability.mapping("metrics").map(decodeMetrics)
+            settings.tracing = observability.mapping("tracing").flatMap(decodeTracing)
+            if let audit = observability.mapping("audit") {
+                settings.auditFile = audit.string("file")
+                audit.finish()
+            }
+            observability.finish()
+        }
+        if let limits = top.mapping("rate_limits") {
+            settings.rateLimits = decodeRateLimits(limits)
+        }
+        return settings
+    }
+
+    private static func decodeMetrics(_ map: MappingReader) -> MetricsSettings {
+        var settings = MetricsSettings()
+        if let listen = map.string("listen") {
+            if let (host, port) = hostAndPort(listen) {
+                settings.listenHost = host
+                settings.listenPort = port
+            } else {
+                map.reader.report(map.childPath("listen"), map.value("listen"), "must be host:port, e.g. 127.0.0.1:9464 or [::1]:9464")
+            }
+        }
+        settings.allow = addressRanges("allow", in: map)
+        if map.value("listen") == nil, map.value("allow") == nil {
+            map.reader.report(map.path, map.node, "needs listen (a separate listener) or allow (addresses that may read /metrics on the public port)")
+        }
+        map.finish()
+        return settings
+    }
+
+    private static func decodeTracing(_ map: MappingReader) -> TracingSettings? {
+        let endpoint = map.string("otlp_endpoint", required: true)
+        if let endpoint, let problem = problemWithEndpoint(endpoint) {
+            map.reader.report(map.childPath("otlp_endpoint"), map.value("otlp_endpoint"), problem)
+        }
+        var settings = TracingSettings(endpoint: endpoint ?? "")
+        settings.serviceName = map.string("service_name") ?? settings.serviceName
+        if let node = map.value("sample_ratio"), let text = map.reader.string(node, at: map.childPath("sample_ratio")) {
+            if let ratio = Double(text), (0...1).contains(ratio) {
+                settings.sampleRatio = ratio
+            } else {
+                map.reader.report(map.childPath("sample_ratio"), node, "must be a number from 0 to 1")
+            }
+        }
+        map.finish()
+        return endpoint == nil ? nil : settings
+    }
+
+    private static func decodeRateLimits(_ map: MappingReader) -> RateLimitSettings {
+        var settings = RateLimitSettings()
+        settings.trustedProxies = addressRanges("trusted_proxies", in: map)
+        settings.oauthPerClient = bucket("oauth_per_client", in: map)
+        settings.oauthPerAddress = bucket("oauth_per_address", in: map)
+        settings.relayPerSubject = bucket("relay_per_subject", in: map)
+        settings.identityLookupsPerAddress = bucket("identity_lookups_per_address", in: map)
+        settings.identityConcurrency = map.integer("identity_concurrency", in: 1...10_000) ?? settings.identityConcurrency
+        map.finish()
+        return settings
+    }
+
+    private static func bucket(_ key: String, in parent: MappingReader) -> BucketSettings? {
+        guard let map = parent.mapping(key) else { return nil }
+        var perSecond: Double?
+        if let node = map.value("per_second", required: true), let text = map.reader.string(node, at: map.childPath("per_second")) {
+            if let rate = Double(text), rate.isFinite, rate > 0, rate <= 1_000_000 {
+                perSecond = rate
+            } else {
+                map.reader.report(map.childPath("per_second"), node, "must be a number above 0 (requests per second), at most 1000000")
+            }
+        }
+        let burst = map.integer("burst", in: 1...1_000_000)
+        if map.value("burst") == nil { map.reader.report(map.childPath("burst"), map.node, "is required") }
+        map.finish()
+        guard let perSecond, let burst else { return nil }
+        return BucketSettings(perSecond: perSecond, burst: burst)
+    }
+
+    private static func addressRanges(_ key: String, in map: MappingReader) -> [AddressRange] {
+        guard let items = map.list(key) else { return [] }
+        return items.compactMap { item in
+            guard let text = map.reader.string(item.node, at: item.path) else { return nil }
+            guard let range = AddressRange(text) else {
+                map.reader.report(item.path, item.node, "must be an IP address or a CIDR range such as 10.0.0.0/8 or fd00::/8")
+                return nil
+            }
+            return range
+        }
+    }
+
+    /// `host:port` or `[v6]:port`.
+    static func hostAndPort(_ text: String) -> (String, Int)? {
+        let host: Substring
+        let portText: Substring
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { return nil }
+            host = text[text.index(after: text.startIndex)..<close]
+            portText = text[text.index(close, offsetBy: 2)...]
+        } else {
+            guard let colon = text.lastIndex(of: ":") else { return nil }
+            host = text[..<colon]
+            portText = text[text.index(after: colon)...]
+        }
+        guard !host.isEmpty, !host.contains(" "), let port = Int(portText), (0...65535).contains(port) else { return nil }
+        return (String(host), port)
+    }
+}

@@ -1,0 +1,147 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+import Logging
+import Synchronization
+
+/// Where finished log lines go: one call per line.
+protocol LogLineSink: Sendable {
+    func write(_ line: [UInt8])
+}
+
+/// A file descriptor (standard error, the audit file): each line is one `write(2)` under a
+/// lock, so lines of concurrent tasks never interleave (a short write is finished before the
+/// next line starts).
+final class FileDescriptorSink: LogLineSink {
+    static let standardError = FileDescriptorSink(descriptor: 2)
+
+    let descriptor: Int32
+    private let lock = Mutex(())
+
+    init(descriptor: Int32) {
+        self.descriptor = descriptor
+    }
+
+    func write(_ line: [UInt8]) {
+        lock.withLock { _ in
+            line.withUnsafeBytes { buffer in
+                guard let base = buffer.baseAddress else { return }
+                var offset = 0
+                while offset < buffer.count {
+                    let written = writeBytes(descriptor, base + offset, buffer.count - offset)
+                    if written > 0 {
+                        offset += written
+                    } else if written < 0, errno == EINTR {
+                        continue
+                    } else {
+                        return  // nowhere to report a log that cannot be written
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `write(2)`, named apart from `FileDescriptorSink.write`.
+private func writeBytes(_ descriptor: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
+    write(descriptor, bytes, count)
+}
+
+/// swift-log's handler for `--log-format json`: one JSON object a line,
+/// `{"ts":"2026-11-23T19:30:56.123Z","level":"info","label":"gatehouse","msg":"request", …}`,
+/// then the metadata (the logger's, the metadata provider's — `request_id`, `trace_id` —,
+/// the line's own, in that order of precedence) as strings, keys sorted.
+struct JSONLogHandler: LogHandler {
+    let label: String
+    let sink: any LogLineSink
+    var logLevel: Logger.Level
+    var metadata: Logger.Metadata = [:]
+    var metadataProvider: Logger.MetadataProvider?
+
+    init(label: String, sink: any LogLineSink, level: Logger.Level, metadataProvider: Logger.MetadataProvider?) {
+        self.label = label
+        self.sink = sink
+        self.logLevel = level
+        self.metadataProvider = metadataProvider
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        var line = JSONLogLine()
+        line.field("ts", LogTimestamp.now())
+        line.field("level", event.level.rawValue)
+        line.field("label", label)
+        line.field("msg", event.message.description)
+        let fields = effectiveMetadata(event)
+        for key in fields.keys.sorted() {
+            guard let value = fields[key] else { continue }
+            line.field(JSONLogLine.reservedKeys.contains(key) ? "metadata." + key : key, metadata: value)
+        }
+        sink.write(line.finish())
+    }
+
+    private func effectiveMetadata(_ event: LogEvent) -> Logger.Metadata {
+        var fields = metadata
+        if let provided = metadataProvider?.get(), !provided.isEmpty {
+            fields.merge(provided) { _, provided in provided }
+        }
+        if let explicit = event.metadata, !explicit.isEmpty {
+            fields.merge(explicit) { _, explicit in explicit }
+        }
+        if let error = event.error {
+            fields["error.type"] = .string(String(reflecting: type(of: error)))
+        }
+        return fields
+    }
+}
+
+/// The time of a log line: RFC 3339 in UTC with milliseconds, `2026-11-23T19:30:56.123Z`.
+enum LogTimestamp {
+    static func now() -> String {
+        let milliseconds = Int((Date().timeIntervalSince1970 * 1000).rounded(.down))
+        return format(seconds: milliseconds / 1000, milliseconds: milliseconds % 1000)
+    }
+
+    static func format(seconds: Int, milliseconds: Int) -> String {
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(24)
+        append(Int(parts.tm_year) + 1900, digits: 4, to: &bytes)
+        bytes.append(UInt8(ascii: "-"))
+        append(Int(parts.tm_mon) + 1, digits: 2, to: &bytes)
+        bytes.append(UInt8(ascii: "-"))
+        append(Int(parts.tm_mday), digits: 2, to: &bytes)
+        bytes.append(UInt8(ascii: "T"))
+        append(Int(parts.tm_hour), digits: 2, to: &bytes)
+        bytes.append(UInt8(ascii: ":"))
+        append(Int(parts.tm_min), digits: 2, to: &bytes)
+        bytes.append(UInt8(ascii: ":"))
+        append(Int(parts.tm_sec), digits: 2, to: &bytes)
+        bytes.append(UInt8(ascii: "."))
+        append(milliseconds, digits: 3, to: &bytes)
+        bytes.append(UInt8(ascii: "Z"))
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    private static func append(_ value: Int, digits: Int, to bytes: inout [UInt8]) {
+        var divisor = 1
+        for _ in 1..<digits { divisor *= 10 }
+        var rest = value
+        while divisor > 0 {
+            bytes.append(UInt8(ascii: "0") + UInt8((rest / divisor) % 10))
+            rest %= divisor
+            divisor /= 10
+        }
+    }
+}

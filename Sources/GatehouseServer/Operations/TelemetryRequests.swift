@@ -1,0 +1,131 @@
+import Metrics
+import GatehouseCore
+import HTTPTypes
+import Tracing
+
+/// The `route` label of requests (metrics, span names): the endpoint's path for Gatehouse's own
+/// endpoints, a relayed route's prefix followed by `/*`, `unmatched` for anything else. Never
+/// a raw path: a label's values stay few whatever clients send.
+enum RouteLabel {
+    static let unmatched = "unmatched"
+
+    /// The label of `path`, given the paths Gatehouse answers and the relayed routes.
+    static func of(path: String, endpoints: [String: [HTTPRequest.Method]], relayed route: RouteSettings?) -> String {
+        if let route { return of(route) }
+        return endpoints[path] != nil ? path : unmatched
+    }
+
+    /// The label of a relayed route: `/api` → `/api/*`.
+    static func of(_ route: RouteSettings) -> String {
+        route.prefix.hasSuffix("/") ? route.prefix + "*" : route.prefix + "/*"
+    }
+}
+
+/// The `status_class` label: `1xx` … `5xx`.
+enum StatusClass {
+    static let labels = ["1xx", "2xx", "3xx", "4xx", "5xx"]
+
+    /// The index in `labels` of `status` (out-of-range codes count with the nearest class).
+    static func index(of status: Int) -> Int {
+        min(max(status / 100, 1), 5) - 1
+    }
+
+    static func label(of status: Int) -> String {
+        labels[index(of: status)]
+    }
+}
+
+/// The `method` label: the methods of RFC 9110 and PATCH by name, anything else `other`
+/// (a client choosing method tokens must not add series).
+enum MethodLabel {
+    private static let known: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
+
+    static func of(_ method: String) -> String {
+        known.contains(method) ? method : "other"
+    }
+}
+
+/// The handles of `gatehouse_http_requests_total`, `gatehouse_http_request_duration_seconds`
+/// and `gatehouse_relay_requests_total`, made once per label set and kept for the process.
+enum RequestMetrics {
+    struct CounterKey: Hashable, Sendable {
+        let route: String
+        let method: String
+        let statusClass: String
+    }
+
+    private static let counters = HandleCache<CounterKey, Counter>()
+    private static let timers = HandleCache<String, Timer>()
+    private static let relayCounters = HandleCache<String, Counter>()
+    private static let routeBundles = HandleCache<String, RelayRouteMetrics>()
+
+    static func requests(route: String, method: String, status: Int) -> Counter {
+        counters.handle(for: CounterKey(route: route, method: MethodLabel.of(method), statusClass: StatusClass.label(of: status))) {
+            Counter(label: GatehouseMetrics.requestsTotal,
+                    dimensions: [("route", $0.route), ("method", $0.method), ("status_class", $0.statusClass)])
+        }
+    }
+
+    static func duration(route: String) -> Timer {
+        timers.handle(for: route) { Timer(label: GatehouseMetrics.requestDuration, dimensions: [("route", $0)]) }
+    }
+
+    /// `gatehouse_relay_requests_total{route, path="general"}`.
+    static func generalRelay(route: String) -> Counter {
+        relayCounters.handle(for: route) {
+            Counter(label: GatehouseMetrics.relayRequestsTotal, dimensions: [("route", $0), ("path", "general")])
+        }
+    }
+
+    /// Everything the fast path counts for `route`, made once per route label.
+    static func fastRelay(_ route: RouteSettings) -> RelayRouteMetrics {
+        routeBundles.handle(for: RouteLabel.of(route)) { RelayRouteMetrics(route: $0) }
+    }
+
+    /// Records one finished request of the general path.
+    static func record(route: String, method: String, status: Int, relayed: Bool, elapsed: Duration) {
+        requests(route: route, method: method, status: status).increment()
+        duration(route: route).record(duration: elapsed)
+        if relayed { generalRelay(route: route).increment() }
+    }
+}
+
+/// The fast path's handles for one route, made once: a finished exchange costs an atomic
+/// increment per counter and a histogram record, with no lookup, lock of ours or allocation.
+final class RelayRouteMetrics: Sendable {
+    let route: String
+    /// `gatehouse_http_requests_total{route, method=GET|HEAD, status_class}`, by status class.
+    private let get: [Counter]
+    private let head: [Counter]
+    private let duration: Timer
+    private let relayed: Counter
+
+    /// `factory`: where the handles come from; `nil`, the process's `MetricsSystem`.
+    init(route: String, factory: (any MetricsFactory)? = nil) {
+        self.route = route
+        func counter(_ label: String, _ dimensions: [(String, String)]) -> Counter {
+            factory.map { Counter(label: label, dimensions: dimensions, factory: $0) } ?? Counter(label: label, dimensions: dimensions)
+        }
+        get = StatusClass.labels.map { counter(GatehouseMetrics.requestsTotal, [("route", route), ("method", "GET"), ("status_class", $0)]) }
+        head = StatusClass.labels.map { counter(GatehouseMetrics.requestsTotal, [("route", route), ("method", "HEAD"), ("status_class", $0)]) }
+        relayed = counter(GatehouseMetrics.relayRequestsTotal, [("route", route), ("path", "fast")])
+        let durationDimensions = [("route", route)]
+        duration = factory.map { Timer(label: GatehouseMetrics.requestDuration, dimensions: durationDimensions, factory: $0) }
+            ?? Timer(label: GatehouseMetrics.requestDuration, dimensions: durationDimensions)
+    }
+
+    /// One fast exchange, answered `status` after `nanoseconds`.
+    func record(isHead: Bool, status: Int, nanoseconds: Int64) {
+        (isHead ? head : get)[StatusClass.index(of: status)].increment()
+        duration.recordNanoseconds(nanoseconds)
+        relayed.increment()
+    }
+}
+
+/// Reads W3C `traceparent`/`tracestate` (or whatever the bootstrapped instrument asks for)
+/// from a request's fields.
+struct HTTPFieldsExtractor: Extractor {
+    func extract(key: String, from fields: HTTPFields) -> String? {
+        HTTPField.Name(key).flatMap { fields[$0] }
+    }
+}

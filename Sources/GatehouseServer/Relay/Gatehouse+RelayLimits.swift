@@ -1,0 +1,61 @@
+import GatehouseCore
+import GatehouseRelay
+import Hummingbird
+import HTTPTypes
+import Tracing
+import Logging
+import NIOHTTP1
+
+extension Gatehouse {
+    /// The key `relay_per_subject` counts under: the caller's subject, else its bpid, else its
+    /// token's hash (an identity service that names nobody still gets one bucket per token).
+    /// The same on both relay paths, so the fast path declines exactly when the general path refuses.
+    static func relaySubjectKey(_ identity: CallerIdentity, token: String) -> String {
+        if let subject = identity.subject { return "sub:" + subject }
+        if let bpid = identity.bpid { return "bpid:" + bpid }
+        return "token:" + SecureToken.hash(token)
+    }
+
+    /// 429 when the caller's subject is over `relay_per_subject`; `nil` to go on.
+    func refusingOverSubjectLimit(_ identity: CallerIdentity, token: String, clientID: String?, request: Request) -> Response? {
+        guard let limiter = limits.relayPerSubject,
+              let wait = limiter.take(Self.relaySubjectKey(identity, token: token)) else { return nil }
+        rateLimited(.relay_subject, clientID: clientID, subject: identity.subject)
+        return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
+    }
+
+    /// 429 when the client address is over `identity_lookups_per_address` and the token is not
+    /// in the identity cache (a real look-up is about to happen); `nil` to go on. A cached
+    /// answer, positive or negative, costs the identity service nothing and is never limited.
+    func refusingOverLookupLimit(token: String, upstream: String, request: Request, context: GatehouseRequestContext) -> Response? {
+        guard let limiter = limits.identityLookupsPerAddress, let relay,
+              relay.cache.peek(token: token, upstream: upstream) == nil,
+              let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+              let wait = limiter.take(address) else { return nil }
+        rateLimited(.identity_address, clientID: nil, subject: nil)
+        return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
+    }
+
+    /// Counts and audits one request refused by a rate limit.
+    func rateLimited(_ limit: GatehouseMetrics.Limit, clientID: String?, subject: String?) {
+        GatehouseMetrics.rateLimited(limit)
+        audit.record(.rate_limited, clientID: clientID, subject: subject, reason: limit.rawValue)
+    }
+}
+
+/// Writes the W3C trace context (`traceparent`, `tracestate`) into the headers of a request
+/// toward a backend.
+struct BackendHeadersInjector: Injector {
+    func inject(_ value: String, forKey key: String, into carrier: inout HTTPHeaders) {
+        carrier.replaceOrAdd(name: key, value: value)
+    }
+}
+
+extension Response {
+    /// A 503 problem with `Retry-After`: the wait an upstream asked for (its 429), else 5 s.
+    static func unavailable(_ problem: GatehouseProblem, for request: Request, retryAfter: Int?) -> Response {
+        var response = Response.unavailable(problem, for: request)
+        if let retryAfter { response.headers[.retryAfter] = String(retryAfter) }
+        return response
+    }
+}
