@@ -70,8 +70,15 @@ public enum GatehouseApplication {
         }
         if let metrics, !metricsAllowed.isEmpty {
             router.get("/metrics") { request, context in
-                // Only to the configured addresses; to anyone else there is nothing here.
-                guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }) else {
+                // Only to the configured addresses, asking directly: a request a proxy forwards
+                // (a trusted proxy's, or one with forwarding headers) comes from someone else,
+                // maybe the internet. To anyone else there is nothing here.
+                let trusted = holder.current.configuration.operations.rateLimits.trustedProxies
+                guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }),
+                      !trusted.contains(where: { $0.contains(peer) }),
+                      request.headers[values: RateLimiters.forwardedFor].isEmpty, request.headers[values: RateLimiters.forwarded].isEmpty,
+                      request.headers[values: HTTPField.Name("X-Real-IP")!].isEmpty
+                else {
                     return Response.problem(.notFound(), for: request)
                 }
                 return MetricsExport.response(metrics)
@@ -124,7 +131,7 @@ public enum GatehouseApplication {
 
     /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then drains and closes
     /// cleanly (`Lifecycle`); SIGHUP reloads `configurationPath` (clients, routes, rate limits).
-    public static func run(configuration: GatehouseConfiguration, document: ConfigNode? = nil, configurationPath: String? = nil,
+    public static func run(configuration: GatehouseConfiguration, source: ConfigurationSource? = nil, configurationPath: String? = nil,
                            logger: Logger) async throws {
         // Metrics and traces first: handles made from here on report to them.
         let registry = configuration.operations.metrics.map { _ in MetricsExport.bootstrap() }
@@ -151,7 +158,7 @@ public enum GatehouseApplication {
         let planner = ReloadablePlanner(fastRelayPlanner(for: gatehouse))
         let pool = BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
                                          connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds))
-        let reloader = Reloader(holder: holder, planner: planner, httpClient: httpClient, cache: cache, document: document, logger: logger)
+        let reloader = Reloader(holder: holder, planner: planner, httpClient: httpClient, cache: cache, source: source, logger: logger)
         let issuer = configuration.server.publicBaseURL
         let limiter = ConnectionLimiter(maximum: configuration.server.maximumConnections)
         let headerReadTimeout = TimeAmount.nanoseconds(configuration.server.headerReadTimeout.inNanoseconds)
@@ -245,11 +252,12 @@ public enum GatehouseApplication {
 
     /// The relay's services around a given cache (kept across reloads) and backend client (a new one when `nil`).
     static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient, cache: IdentityCache,
-                                  signer: AssertionSigner?, backendClient: HTTPClient?) -> RelayServices? {
+                                  signer: AssertionSigner?, backendClient: HTTPClient?,
+                                  resolvers: [String: any IdentityResolver]? = nil) -> RelayServices? {
         guard !configuration.routes.isEmpty else { return nil }
         return RelayServices(
             configuration: configuration, cache: cache,
-            resolvers: configuration.identityResolvers(client: httpClient),
+            resolvers: resolvers ?? configuration.identityResolvers(client: httpClient),
             backendClient: backendClient ?? RelayServices.makeBackendClient(for: configuration), signer: signer)
     }
 }

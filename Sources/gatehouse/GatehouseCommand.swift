@@ -1,4 +1,7 @@
 import ArgumentParser
+#if canImport(Glibc)
+import Glibc
+#endif
 import Foundation
 import GatehouseCore
 import GatehouseServer
@@ -34,10 +37,12 @@ struct Serve: AsyncParsableCommand {
         guard let format = LogFormat(rawValue: logFormat) else {
             throw ValidationError("--log-format must be text or json")
         }
+        // A reload (SIGHUP) is heard once the server runs; one that comes sooner must not end the process.
+        signal(SIGHUP, SIG_IGN)
         let configuration: GatehouseConfiguration
-        let document: ConfigNode
+        let source: ConfigurationSource
         do {
-            (configuration, document) = try YAMLConfigurationLoader.loadDocument(path: config)
+            (configuration, source) = try YAMLConfigurationLoader.loadSource(path: config)
         } catch {
             FileHandle.standardError.write(Data("gatehouse: the configuration has problems:\n\(error.description)\n".utf8))
             throw ExitCode(78)  // EX_CONFIG
@@ -52,7 +57,7 @@ struct Serve: AsyncParsableCommand {
         // channel, the route's task and the outbound client.
         _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         let logger = Logger(label: "gatehouse")
-        try await GatehouseApplication.run(configuration: configuration, document: document, configurationPath: config, logger: logger)
+        try await GatehouseApplication.run(configuration: configuration, source: source, configurationPath: config, logger: logger)
     }
 }
 

@@ -15,6 +15,8 @@ import http.client
 import os
 import secrets
 import signal
+import subprocess
+import re
 import socket
 import threading
 import time
@@ -25,6 +27,7 @@ import requests
 
 from gatelog import served_by
 from nativeapp import free_port
+from tokenproxy import gatehouse_binary, session_keys  # noqa: E402
 from operations import IdentityDouble, gateway, gateway_config, poll, route_yaml
 from rawhttp import RawClient, request
 
@@ -301,3 +304,23 @@ def test_sighup_changing_the_server_section_is_refused_and_the_old_configuration
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", other_port), timeout=2).close()
     assert reloading["process"].poll() is None
+
+
+def test_sighup_after_a_secret_file_changed_is_refused_until_a_restart(workdir, upstream, relay_doubles, seen, identity, relay_token):
+    """A file the configuration reads (here the session key ring) is read at start: a reload
+    whose document is unchanged but whose key file changed must say so, not claim success
+    with the old keys still in force."""
+    keys = session_keys(workdir, "lifecycle-reload-keys", seen)
+    port = free_port()
+    text = gateway_config(port, workdir, "lifecycle-reload-keys", upstream["url"], identity.url_for_config,
+                          relay_doubles["backend"].url, seen, sealed=True)
+    text = re.sub(r"encryption_keys_file: .*", f"encryption_keys_file: {keys}", text)
+    with gateway(workdir, "lifecycle-reload-keys", text, upstream["env"]) as instance:
+        subprocess.run([str(gatehouse_binary()), "keys", "rotate", "--file", str(keys)], check=True, capture_output=True, timeout=30)
+        seen.add_key_ring(keys)
+        logged = "\n".join(reload(instance, text, r"configuration reload refused"))
+        assert "changed" in logged and "restart" in logged and str(keys.name) in logged, logged[-2000:]
+        assert "configuration reloaded" not in logged
+        assert instance["process"].poll() is None
+        with RawClient(instance["port"]) as client:
+            assert get(client, "/api/ops/x", relay_token).status == 200

@@ -247,5 +247,9 @@ def test_metrics_on_the_public_port_only_for_allowed_addresses(workdir, upstream
         if status == 200:
             assert answer.headers["Content-Type"].startswith("text/plain")
             assert "gatehouse_http_requests_total" in answer.text
+            # Forwarded by a proxy (maybe from the internet): not the allowed address asking.
+            for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP"):
+                forwarded = requests.get(instance["url"] + "/metrics", timeout=5, headers={header: "127.0.0.1"})
+                assert forwarded.status_code == 404 and "gatehouse_" not in forwarded.text, header
         else:
             assert "gatehouse_" not in answer.text

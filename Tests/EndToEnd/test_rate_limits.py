@@ -164,13 +164,45 @@ def test_oauth_per_address_counts_the_forwarded_address_from_a_trusted_proxy(lim
     # Another forwarded address: a bucket of its own.
     assert [from_("203.0.113.8").status_code for _ in range(3)] == [400] * 3
     assert_oauth_429(from_("203.0.113.8"), at_most=5)
-    # The rightmost address not trusted names the client; Forwarded's for= too.
+    # The rightmost address not trusted names the client.
     assert_oauth_429(from_("198.51.100.1, 203.0.113.7"), at_most=5)
-    assert_oauth_429(token_request(base, "com.example.relay", {"Forwarded": 'for="203.0.113.7"'}), at_most=5)
+    # Only X-Forwarded-For (forwarded_header's default) is read: a client's own Forwarded, which such
+    # proxies pass through untouched, never chooses its bucket.
+    assert_oauth_429(token_request(base, "com.example.relay", {"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=198.51.100.50"}),
+                     at_most=5)
+    # A port some proxies write is not part of the address.
+    assert_oauth_429(from_("203.0.113.7:51234"), at_most=5)
+    # The router's form of the path is limited as the path: //oauth//token/ reaches /oauth/token.
+    for doubled in ("//oauth/token", "/oauth//token", "/oauth/token/"):
+        answer = requests.post(base + doubled, headers={"X-Forwarded-For": "203.0.113.7"}, timeout=10,
+                               data={"grant_type": "authorization_code", "client_id": "com.example.relay", "code": "x"})
+        assert_oauth_429(answer, at_most=5)
+    # IPv6 addresses count by their /64: a client rotating within its /64 shares one bucket.
+    assert [from_(f"2001:db8:1:2::{n}").status_code for n in (1, 2, 3)] == [400] * 3
+    assert_oauth_429(from_("2001:db8:1:2::ffff"), at_most=5)
+    assert from_("2001:db8:1:3::1").status_code == 400
     assert from_("198.51.100.2").status_code == 400
-    # The proxy itself (no X-Forwarded-For) is yet another client.
+    # The proxy itself (no X-Forwarded-For; a lone Forwarded is not read) is yet another client.
+    assert token_request(base, "com.example.relay", {"Forwarded": 'for="203.0.113.7"'}).status_code == 400
     assert token_request(base, "com.example.relay").status_code == 400
     assert_counted(instance, "oauth_address")
+
+
+def test_forwarded_is_read_only_when_configured(limited):
+    instance = limited("forwarded", {"trusted": ["127.0.0.1", "'::1'"], "forwarded_header": "forwarded",
+                                     "oauth_per_address": {"per_second": 0.2, "burst": 2}})
+    base = instance["url"]
+
+    def from_(forwarded, forwarded_for=None):
+        headers = {"Forwarded": forwarded}
+        if forwarded_for:
+            headers["X-Forwarded-For"] = forwarded_for
+        return token_request(base, "com.example.relay", headers)
+
+    assert [from_('for="[2001:db8::7]:4711";proto=https').status_code for _ in range(2)] == [400] * 2
+    assert_oauth_429(from_("for=\"[2001:db8::8]\""), at_most=5)  # the same /64
+    # Now X-Forwarded-For is the header not read.
+    assert from_("for=192.0.2.60", forwarded_for="2001:db8::7").status_code == 400
 
 
 def test_oauth_per_address_ignores_x_forwarded_for_from_an_untrusted_peer(limited):

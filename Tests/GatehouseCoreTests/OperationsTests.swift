@@ -99,12 +99,30 @@ struct OperationsTests {
         #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "6.6.6.6, 203.0.113.5, 10.1.1.1", forwarded: nil,
                                       trusted: trusted) == "203.0.113.5")
         #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: nil, forwarded: #"for=192.0.2.60;proto=http, for="[2001:db8::1]:4711""#,
-                                      trusted: trusted) == "2001:db8::1")
-        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: nil, forwarded: "for=192.0.2.60:8080", trusted: trusted) == "192.0.2.60")
+                                      trusted: trusted, header: .forwarded) == "2001:db8::1")
+        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: nil, forwarded: "for=192.0.2.60:8080", trusted: trusted,
+                                      header: .forwarded) == "192.0.2.60")
+        // Only the configured header: a client's own `Forwarded` passed through by an X-Forwarded-For proxy is never read.
+        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "198.51.100.7", forwarded: "for=203.0.113.1",
+                                      trusted: trusted) == "198.51.100.7")
+        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "198.51.100.7", forwarded: "for=203.0.113.1",
+                                      trusted: trusted, header: .forwarded) == "203.0.113.1")
+        // Ports some proxies write are not part of the address.
+        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "198.51.100.7:5123", forwarded: nil, trusted: trusted) == "198.51.100.7")
+        #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "[2001:db8::9]:5123", forwarded: nil, trusted: trusted) == "2001:db8::9")
         // Junk in the chain: the peer, never the junk.
         #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "1.2.3.4, <script>", forwarded: nil, trusted: trusted) == "127.0.0.1")
         // Every hop trusted: the first one.
         #expect(ClientAddress.resolve(peer: "127.0.0.1", forwardedFor: "10.0.0.9", forwarded: nil, trusted: trusted) == "10.0.0.9")
+    }
+
+    @Test func ipv6AddressesCountByTheirSlash64() {
+        #expect(ClientAddress.bucketKey("2001:db8:1:2::1") == "2001:db8:1:2::/64")
+        #expect(ClientAddress.bucketKey("2001:db8:1:2:ffff:1:2:3") == ClientAddress.bucketKey("2001:db8:1:2::1"))
+        #expect(ClientAddress.bucketKey("2001:db8:1:3::1") != ClientAddress.bucketKey("2001:db8:1:2::1"))
+        #expect(ClientAddress.bucketKey("198.51.100.7") == "198.51.100.7")
+        #expect(ClientAddress.bucketKey("::ffff:198.51.100.7") == "198.51.100.7", "IPv4-mapped: one address, as IPv4")
+        #expect(ClientAddress.bucketKey("junk") == "junk")
     }
 
     @Test func tokenBucketRefillsAtItsRate() {

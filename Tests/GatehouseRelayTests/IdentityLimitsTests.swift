@@ -168,6 +168,8 @@ struct IdentityLimitsTests {
         _ = try await resolve("a", good)
         _ = try await resolve("a", good)
         #expect(cache.peek(token: "a", upstream: "u") == .active(IdentityCacheTests.alice))
+        // A look before the request's own look-up (the per-address limit's) is not a look-up.
+        #expect(cache.peek(token: "a", upstream: "u", counting: false) == .active(IdentityCacheTests.alice))
         _ = try await resolve("junk", bad)
         _ = try await resolve("junk", bad)
         // The fast path declines a rejected token; the general path counts it.

@@ -162,6 +162,16 @@ struct FastRelayDrainTests {
         #expect(recorder.drains == 1)
     }
 
+    /// Once draining, a new request goes to Hummingbird (which answers `Connection: close`),
+    /// never the fast path (which would keep a pipelining client's connection open to the deadline).
+    @Test func afterTheDrainNewRequestsGoTheGeneralWay() throws {
+        let (harness, recorder) = try Self.harness()
+        Self.drain(harness)
+        #expect(recorder.drains == 1)
+        try harness.request("/fast/after-drain")
+        #expect(try harness.passedOn() == ["head /fast/after-drain", "end"])
+    }
+
     @Test func theDrainWaitsForTheFastAnswerToBeWritten() throws {
         let (harness, recorder) = try Self.harness()
         try harness.request("/fast/1")

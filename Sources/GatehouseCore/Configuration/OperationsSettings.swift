@@ -50,8 +50,10 @@ public struct TracingSettings: Sendable, Equatable {
 
 /// `rate_limits`: token buckets, in process (each instance counts on its own).
 public struct RateLimitSettings: Sendable, Equatable {
-    /// Peers whose `X-Forwarded-For` / `Forwarded` is believed.
+    /// Peers whose forwarding header is believed.
     public var trustedProxies: [AddressRange]
+    /// The one forwarding header those proxies write (the other is never read).
+    public var forwardedHeader: ForwardedHeader = .xForwardedFor
     public var oauthPerClient: BucketSettings?
     public var oauthPerAddress: BucketSettings?
     public var relayPerSubject: BucketSettings?
@@ -69,6 +71,14 @@ public struct RateLimitSettings: Sendable, Equatable {
         self.relayPerSubject = relayPerSubject
         self.identityLookupsPerAddress = identityLookupsPerAddress
         self.identityConcurrency = identityConcurrency
+    }
+}
+
+extension RateLimitSettings {
+    /// `rate_limits.forwarded_header`.
+    public enum ForwardedHeader: String, Sendable, CaseIterable {
+        case xForwardedFor = "x-forwarded-for"
+        case forwarded
     }
 }
 
@@ -140,6 +150,7 @@ extension GatehouseConfiguration {
     private static func decodeRateLimits(_ map: MappingReader) -> RateLimitSettings {
         var settings = RateLimitSettings()
         settings.trustedProxies = addressRanges("trusted_proxies", in: map)
+        settings.forwardedHeader = map.choice("forwarded_header", default: settings.forwardedHeader)
         settings.oauthPerClient = bucket("oauth_per_client", in: map)
         settings.oauthPerAddress = bucket("oauth_per_address", in: map)
         settings.relayPerSubject = bucket("relay_per_subject", in: map)

@@ -63,24 +63,47 @@ public struct AddressRange: Sendable, Equatable, CustomStringConvertible {
 
 /// The address a request comes from, seen through trusted proxies.
 public enum ClientAddress {
-    /// The peer itself, unless it is a trusted proxy: then the right-most address of
-    /// `X-Forwarded-For` (or `Forwarded`'s `for=`) that is not itself a trusted proxy. A header
-    /// from an untrusted peer is ignored (anyone can write one).
-    public static func resolve(peer: String?, forwardedFor: String?, forwarded: String?, trusted: [AddressRange]) -> String? {
+    /// The peer itself, unless it is a trusted proxy: then the right-most address of the
+    /// forwarding header `header` (`X-Forwarded-For`, or `Forwarded`'s `for=`) that is not itself a
+    /// trusted proxy. Only the one header the proxies are known to write is read: most proxies
+    /// append to `X-Forwarded-For` and pass a client's own `Forwarded` through untouched, so
+    /// reading both would let a client choose its address. A header from an untrusted peer is
+    /// ignored (anyone can write one).
+    public static func resolve(peer: String?, forwardedFor: String?, forwarded: String?, trusted: [AddressRange],
+                               header: RateLimitSettings.ForwardedHeader = .xForwardedFor) -> String? {
         guard let peer, !trusted.isEmpty, trusted.contains(where: { $0.contains(peer) }) else { return peer }
         let chain: [String]
-        if let forwarded, !forwarded.isEmpty {
+        switch header {
+        case .xForwardedFor:
+            guard let forwardedFor, !forwardedFor.isEmpty else { return peer }
+            chain = forwardedFor.split(separator: ",").map { withoutPort($0.trimmingSpaces()) }
+        case .forwarded:
+            guard let forwarded, !forwarded.isEmpty else { return peer }
             chain = forwardedForValues(forwarded)
-        } else if let forwardedFor, !forwardedFor.isEmpty {
-            chain = forwardedFor.split(separator: ",").map { $0.trimmingSpaces() }
-        } else {
-            return peer
         }
         for hop in chain.reversed() {
             guard AddressRange.parse(hop) != nil else { return peer }  // junk in the chain: stop trusting it
             if !trusted.contains(where: { $0.contains(hop) }) { return hop }
         }
         return chain.first ?? peer
+    }
+
+    /// The key an address is counted under: an IPv6 address by its /64 (one subscriber holds a
+    /// whole /64 and could otherwise take a new bucket per request), any other as it is.
+    public static func bucketKey(_ address: String) -> String {
+        guard let (bytes, isIPv4) = AddressRange.parse(address), !isIPv4 else { return address }
+        if bytes[0..<10].allSatisfy({ $0 == 0 }), bytes[10] == 0xff, bytes[11] == 0xff {
+            return bytes[12...].map { String($0) }.joined(separator: ".")  // IPv4-mapped: the IPv4 address
+        }
+        let words = stride(from: 0, to: 8, by: 2).map { String(UInt16(bytes[$0]) << 8 | UInt16(bytes[$0 + 1]), radix: 16) }
+        return words.joined(separator: ":") + "::/64"
+    }
+
+    /// `192.0.2.1:4711` → `192.0.2.1`, `[2001:db8::1]:4711` → `2001:db8::1` (some proxies write ports).
+    static func withoutPort(_ hop: String) -> String {
+        if hop.hasPrefix("["), let close = hop.firstIndex(of: "]") { return String(hop[hop.index(after: hop.startIndex)..<close]) }
+        if hop.filter({ $0 == ":" }).count == 1, let colon = hop.firstIndex(of: ":") { return String(hop[..<colon]) }
+        return hop
     }
 
     /// The `for=` values of RFC 7239 `Forwarded`, in order (quoted IPv6 and ports unwrapped).
@@ -90,9 +113,7 @@ public enum ClientAddress {
                 .map { value in
                     var node = Substring(value.dropFirst(4))
                     if node.hasPrefix("\""), node.hasSuffix("\""), node.count >= 2 { node = node.dropFirst().dropLast() }
-                    if node.hasPrefix("["), let close = node.firstIndex(of: "]") { return String(node[node.index(after: node.startIndex)..<close]) }
-                    if node.filter({ $0 == ":" }).count == 1, let colon = node.firstIndex(of: ":") { return String(node[..<colon]) }
-                    return String(node)
+                    return withoutPort(String(node))
                 }
         }
     }

@@ -67,11 +67,13 @@ public final class IdentityCache: Sendable {
     /// The cached resolution of `token`, without asking anyone (the relay's event-loop fast path).
     /// A live identity is counted as a hit; a rejected token or none is counted when the general
     /// path resolves it (the fast path declines both).
-    public func peek(token: String, upstream: String) -> IdentityResolution? {
+    /// `counting: false` for a look that is not the request's look-up (the general path resolves
+    /// the token next and counts it then).
+    public func peek(token: String, upstream: String, counting: Bool = true) -> IdentityResolution? {
         let key = TokenKey(token: token, upstream: upstream)
         let now = clock()
         let found = state.withLock { get(key, now: now, in: &$0) }
-        if case .active? = found { metrics.hits.increment() }
+        if counting, case .active? = found { metrics.hits.increment() }
         return found
     }
 

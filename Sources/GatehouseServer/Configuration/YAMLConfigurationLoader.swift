@@ -1,5 +1,7 @@
+import Crypto
 public import Foundation
 public import GatehouseCore
+import Synchronization
 import GatehouseUpstreams
 import Yams
 
@@ -11,12 +13,12 @@ public enum YAMLConfigurationLoader {
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
         throws(ConfigErrors) -> GatehouseConfiguration
     {
-        try loadDocument(path: path, environment: environment).configuration
+        try loadSource(path: path, environment: environment).configuration
     }
 
-    /// Loads a configuration file and also returns its parsed document (a reload compares sections).
-    public static func loadDocument(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
-        throws(ConfigErrors) -> (configuration: GatehouseConfiguration, document: ConfigNode)
+    /// Loads a configuration file and also returns what it was made from (a reload compares them).
+    public static func loadSource(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(ConfigErrors) -> (configuration: GatehouseConfiguration, source: ConfigurationSource)
     {
         let text: String
         do {
@@ -25,18 +27,18 @@ public enum YAMLConfigurationLoader {
             throw ConfigErrors(problems: [ConfigProblem(path: "(file)", line: 0, message: "cannot read \(path)")])
         }
         let folder = URL(fileURLWithPath: path).deletingLastPathComponent()
-        return try loadDocument(yaml: text, baseDirectory: folder, environment: environment)
+        return try loadSource(yaml: text, baseDirectory: folder, environment: environment)
     }
 
     /// Validates configuration text; `baseDirectory` resolves relative paths.
     public static func load(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
         -> GatehouseConfiguration
     {
-        try loadDocument(yaml: text, baseDirectory: baseDirectory, environment: environment).configuration
+        try loadSource(yaml: text, baseDirectory: baseDirectory, environment: environment).configuration
     }
 
-    static func loadDocument(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
-        -> (configuration: GatehouseConfiguration, document: ConfigNode)
+    static func loadSource(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
+        -> (configuration: GatehouseConfiguration, source: ConfigurationSource)
     {
         let root: ConfigNode
         do {
@@ -51,16 +53,19 @@ public enum YAMLConfigurationLoader {
         } catch {
             throw ConfigErrors(problems: [ConfigProblem(path: "(document)", line: 0, message: "is not valid YAML")])
         }
+        let digests = Mutex<[String: String]>([:])
         let secrets = GatehouseConfiguration.SecretLookup(
             environment: { environment[$0] },
             readFile: { path in
-                try String(contentsOf: resolve(path, against: baseDirectory), encoding: .utf8)
+                let content = try String(contentsOf: resolve(path, against: baseDirectory), encoding: .utf8)
+                digests.withLock { $0[path] = SHA256.hash(data: Data(content.utf8)).map { String(format: "%02x", $0) }.joined() }
+                return content
             })
         var configuration = try GatehouseConfiguration.decode(root, secrets: secrets)
         if configuration.store.sqlitePath != ":memory:" {
             configuration.store.sqlitePath = resolve(configuration.store.sqlitePath, against: baseDirectory).path
         }
-        return (configuration, root)
+        return (configuration, ConfigurationSource(document: root, fileDigests: digests.withLock { $0 }))
     }
 
     private static func resolve(_ path: String, against folder: URL) -> URL {
@@ -92,4 +97,12 @@ public enum YAMLConfigurationLoader {
             return 0
         }
     }
+}
+
+/// What a configuration was made from: its document and the files it read (secrets, keys).
+public struct ConfigurationSource: Sendable {
+    public let document: ConfigNode
+    /// The SHA-256 (hex) of each file read, by the path as the document names it: a reload
+    /// finds a secret file whose content changed though the document did not.
+    public let fileDigests: [String: String]
 }

@@ -145,7 +145,11 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private func process(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         switch part {
         case .head(let request):
-            if generalOutstanding == 0, inbound != .general, let plan = planner.plan(request, remoteAddress: remoteAddress) {
+            // Once the drain has gone on to Hummingbird, new requests go to it too (it answers them
+            // with `Connection: close`); the fast path would keep a pipelining client's connection
+            // open to the deadline. Requests queued while the drain is held are still served here.
+            if generalOutstanding == 0, inbound != .general, quiesce != .passedOn,
+               let plan = planner.plan(request, remoteAddress: remoteAddress) {
                 inbound = .swallowing
                 start(plan, context: context)
             } else {

@@ -20,33 +20,36 @@ struct RateLimitMiddleware: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let gatehouse = holder.current
         let limits = gatehouse.limits
-        guard request.uri.path.hasPrefix("/oauth/"), limits.oauthPerAddress != nil || limits.oauthPerClient != nil else {
+        // The router's form of the path: `//oauth//token/` reaches /oauth/token, so it is limited as it.
+        let path = RouteLabel.routerPath(request.uri.path)
+        guard path.hasPrefix("/oauth/"), limits.oauthPerAddress != nil || limits.oauthPerClient != nil else {
             return try await next(request, context)
         }
+        // The address first: an address over its limit is refused before its body is read.
+        if let limiter = limits.oauthPerAddress, let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+           let wait = limiter.take(address) {
+            return Self.refuse(request, path: path, limit: .oauth_address, clientID: nil, wait: wait, gatehouse: gatehouse)
+        }
+        guard let limiter = limits.oauthPerClient else { return try await next(request, context) }
         var request = request
         let clientID: String?
-        // The body is read only when a per-client limit needs it (else the audit line goes without a client).
-        switch await Self.clientID(of: &request, readingBody: limits.oauthPerClient != nil, limit: gatehouse.configuration.server.maximumBodyBytes) {
+        switch await Self.clientID(of: &request, path: path, limit: gatehouse.configuration.server.maximumBodyBytes) {
         case .found(let found): clientID = found.flatMap { gatehouse.configuration.clients[$0] == nil ? nil : $0 }
         case .bodyTooLarge: return .problem(.payloadTooLarge(limit: gatehouse.configuration.server.maximumBodyBytes), for: request)
         }
-        if let limiter = limits.oauthPerAddress, let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
-           let wait = limiter.take(address) {
-            return Self.refuse(request, limit: .oauth_address, clientID: clientID, wait: wait, gatehouse: gatehouse)
-        }
-        if let limiter = limits.oauthPerClient, let clientID, let wait = limiter.take(clientID) {
-            return Self.refuse(request, limit: .oauth_client, clientID: clientID, wait: wait, gatehouse: gatehouse)
+        if let clientID, let wait = limiter.take(clientID) {
+            return Self.refuse(request, path: path, limit: .oauth_client, clientID: clientID, wait: wait, gatehouse: gatehouse)
         }
         return try await next(request, context)
     }
 
     /// The 429: OAuth JSON on the endpoints apps call directly (RFC 6749 §5.2), the error page
     /// (or problem JSON, as `Accept` says) on the browser's endpoints.
-    private static func refuse(_ request: Request, limit: GatehouseMetrics.Limit, clientID: String?, wait: Duration,
+    private static func refuse(_ request: Request, path: String, limit: GatehouseMetrics.Limit, clientID: String?, wait: Duration,
                                gatehouse: Gatehouse) -> Response {
         gatehouse.rateLimited(limit, clientID: clientID, subject: nil)
         let seconds = wait.retryAfterSeconds
-        guard answersOAuthJSON(request.uri.path) else { return .tooManyRequests(retryAfter: seconds, for: request) }
+        guard answersOAuthJSON(path) else { return .tooManyRequests(retryAfter: seconds, for: request) }
         return .oauthError(.rateLimited(retryAfter: seconds))
     }
 
@@ -62,13 +65,13 @@ struct RateLimitMiddleware: RouterMiddleware {
         case bodyTooLarge
     }
 
-    /// The `client_id` of the query, or of the form body of a POST (when `readingBody`); the body stays readable.
-    static func clientID(of request: inout Request, readingBody: Bool, limit: Int) async -> ClientIDRead {
+    /// The `client_id` of the query, or of the form body of a POST to token or revoke; the body stays readable.
+    static func clientID(of request: inout Request, path: String, limit: Int) async -> ClientIDRead {
         guard request.method == .post else {
             let form = try? FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: ["client_id"])
             return .found(form?["client_id"])
         }
-        guard readingBody, answersOAuthJSON(request.uri.path), Gatehouse.refusingNonFormBody(request) == nil else { return .found(nil) }
+        guard answersOAuthJSON(path), Gatehouse.refusingNonFormBody(request) == nil else { return .found(nil) }
         let body: ByteBuffer
         do {
             body = try await request.collectBody(upTo: limit)

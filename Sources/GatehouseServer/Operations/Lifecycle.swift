@@ -84,19 +84,19 @@ final class Reloader: Sendable {
     private let state: Mutex<State>
 
     struct State {
-        var document: ConfigNode?
+        var source: ConfigurationSource?
         /// Backend clients made by reloads that added the first routes (shut down at exit).
         var backendClients: [HTTPClient] = []
     }
 
     init(holder: GatehouseHolder, planner: ReloadablePlanner, httpClient: HTTPClient, cache: IdentityCache,
-         document: ConfigNode?, logger: Logger) {
+         source: ConfigurationSource?, logger: Logger) {
         self.holder = holder
         self.planner = planner
         self.httpClient = httpClient
         self.cache = cache
         self.logger = logger
-        self.state = Mutex(State(document: document))
+        self.state = Mutex(State(source: source))
     }
 
     func backendClients(first: HTTPClient?) -> [HTTPClient] {
@@ -105,19 +105,25 @@ final class Reloader: Sendable {
 
     func reload(from path: String) async {
         let configuration: GatehouseConfiguration
-        let document: ConfigNode
+        let source: ConfigurationSource
         do {
-            (configuration, document) = try YAMLConfigurationLoader.loadDocument(path: path)
+            (configuration, source) = try YAMLConfigurationLoader.loadSource(path: path)
         } catch {
             logger.error("configuration reload refused: the file has problems; the configuration in force is kept", metadata: [
                 "problems": .array(error.problems.map { .string($0.description) }),
             ])
             return
         }
-        let previous = state.withLock { $0.document }
-        let changed = Self.sectionsNeedingRestart(from: previous, to: document)
+        let previous = state.withLock { $0.source }
+        let changed = Self.sectionsNeedingRestart(from: previous?.document, to: source.document)
         guard changed.isEmpty else {
             logger.error("configuration reload refused: \(changed.joined(separator: ", ")) changed; restart to apply. The configuration in force is kept")
+            return
+        }
+        // Secrets and keys are read at start: a file whose content changed is applied by a restart only.
+        let changedFiles = Self.changedFiles(from: previous?.fileDigests ?? [:], to: source.fileDigests)
+        guard changedFiles.isEmpty else {
+            logger.error("configuration reload refused: a file the configuration reads changed (\(changedFiles.joined(separator: ", "))); restart to apply. The configuration in force is kept")
             return
         }
         let old = holder.current
@@ -126,23 +132,33 @@ final class Reloader: Sendable {
             logger.error("configuration reload refused: a route with authorization: assertion needs the signing key, which is made at start; restart to apply")
             return
         }
-        var backendClient = old.relay?.backendClient
+        // The backend client of the routes in force, else one an earlier reload made (never one per reload).
+        var backendClient = old.relay?.backendClient ?? state.withLock { $0.backendClients.last }
         if backendClient == nil, !configuration.routes.isEmpty {
             let client = RelayServices.makeBackendClient(for: configuration)
             state.withLock { $0.backendClients.append(client) }
             backendClient = client
         }
+        // Upstreams never change in a reload: their identity resolvers (JWKS caches, concurrency caps)
+        // are kept, unless `identity_concurrency` changed.
+        let keepResolvers = old.configuration.operations.rateLimits.identityConcurrency == configuration.operations.rateLimits.identityConcurrency
         let relay = GatehouseApplication.makeRelayServices(for: configuration, httpClient: httpClient, cache: cache,
-                                                           signer: old.signer, backendClient: backendClient)
+                                                           signer: old.signer, backendClient: backendClient,
+                                                           resolvers: keepResolvers ? old.relay?.resolvers : nil)
         let gatehouse = Gatehouse(configuration: configuration, store: old.store, upstreams: old.upstreams, relay: relay,
                                   sessions: old.sessions, signer: old.signer, now: old.now, logger: old.logger,
                                   audit: old.audit, previous: old)
         holder.replace(with: gatehouse)
         planner.replace(with: GatehouseApplication.fastRelayPlanner(for: gatehouse))
-        state.withLock { $0.document = document }
+        state.withLock { $0.source = source }
         logger.notice("configuration reloaded", metadata: [
             "clients": .stringConvertible(configuration.clients.count), "routes": .stringConvertible(configuration.routes.count),
         ])
+    }
+
+    /// Files read by either configuration whose content differs (or that only one of them read).
+    static func changedFiles(from old: [String: String], to new: [String: String]) -> [String] {
+        Set(old.keys).union(new.keys).sorted().filter { old[$0] != new[$0] }
     }
 
     /// Top-level sections other than the reloadable ones whose content differs.

@@ -24,11 +24,12 @@ public final class RateLimiters: Sendable {
         identityLookupsPerAddress = limiter(\.identityLookupsPerAddress, \.identityLookupsPerAddress)
     }
 
-    /// The client's address: the peer, or what a trusted proxy says the client was.
+    /// The client's address as the limits count it: the peer, or what a trusted proxy says the
+    /// client was; an IPv6 address by its /64 (`ClientAddress.bucketKey`).
     public func clientAddress(peer: String?, headers: HTTPFields) -> String? {
         // Several lines of one field are one list (RFC 9110 §5.3): the last proxy's hop is last.
         ClientAddress.resolve(peer: peer, forwardedFor: joined(headers, Self.forwardedFor), forwarded: joined(headers, Self.forwarded),
-                              trusted: settings.trustedProxies)
+                              trusted: settings.trustedProxies, header: settings.forwardedHeader).map(ClientAddress.bucketKey)
     }
 
     private func joined(_ headers: HTTPFields, _ name: HTTPField.Name) -> String? {

@@ -12,7 +12,16 @@ enum RouteLabel {
     /// The label of `path`, given the paths Gatehouse answers and the relayed routes.
     static func of(path: String, endpoints: [String: [HTTPRequest.Method]], relayed route: RouteSettings?) -> String {
         if let route { return of(route) }
-        return endpoints[path] != nil ? path : unmatched
+        let routed = routerPath(path)
+        return endpoints[routed] != nil ? routed : unmatched
+    }
+
+    /// `path` as Hummingbird's router matches it: empty segments and a trailing `/` dropped
+    /// (`//oauth//token/` reaches `/oauth/token`). Whatever decides by path before the router
+    /// (rate limits, labels) must see this form, or a doubled slash slips past it.
+    static func routerPath(_ path: String) -> String {
+        guard path.contains("//") || (path.count > 1 && path.hasSuffix("/")) else { return path }
+        return "/" + path.split(separator: "/").joined(separator: "/")
     }
 
     /// The label of a relayed route: `/api` → `/api/*`.

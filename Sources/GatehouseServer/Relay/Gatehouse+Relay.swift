@@ -45,6 +45,7 @@ extension Gatehouse {
         }
         if token.hasPrefix(SessionServices.accessPrefix) {
             guard let sessions else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
+            if let refused = refusingOverSessionLookupLimit(token: token, request: request, context: context) { return refused }
             switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
             case .fresh(let view) where view.upstream == route.upstream:
                 upstreamToken = view.tokens.accessToken.reveal()

@@ -29,7 +29,18 @@ extension Gatehouse {
     /// answer, positive or negative, costs the identity service nothing and is never limited.
     func refusingOverLookupLimit(token: String, upstream: String, request: Request, context: GatehouseRequestContext) -> Response? {
         guard let limiter = limits.identityLookupsPerAddress, let relay,
-              relay.cache.peek(token: token, upstream: upstream) == nil,
+              relay.cache.peek(token: token, upstream: upstream, counting: false) == nil,
+              let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+              let wait = limiter.take(address) else { return nil }
+        rateLimited(.identity_address, clientID: nil, subject: nil)
+        return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
+    }
+
+    /// 429 when the client address is over `identity_lookups_per_address` and the Gatehouse access
+    /// token is not among the sessions recently opened: finding it costs a store query, which a
+    /// flood of made-up tokens must not be able to ask for without limit; `nil` to go on.
+    func refusingOverSessionLookupLimit(token: String, request: Request, context: GatehouseRequestContext) -> Response? {
+        guard let limiter = limits.identityLookupsPerAddress, let sessions, !sessions.hasOpenView(forGatehouseToken: token),
               let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
               let wait = limiter.take(address) else { return nil }
         rateLimited(.identity_address, clientID: nil, subject: nil)

@@ -85,6 +85,11 @@ public final class SessionServices: Sendable {
 
     /// The upstream access token behind a Gatehouse access token, refreshed first when it is
     /// about to expire. One refresh per session at a time: coalesced here, leased in the store.
+    /// Whether the session behind a Gatehouse access token was opened lately (no store query to find it).
+    func hasOpenView(forGatehouseToken token: String) -> Bool {
+        views.get(SecureToken.hash(token), now: now()) != nil
+    }
+
     func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         await view(forGatehouseToken: token, refreshing: true, upstreams: upstreams)
     }
