@@ -28,7 +28,7 @@ import requests
 from gatelog import served_by
 from nativeapp import free_port
 from tokenproxy import gatehouse_binary, session_keys  # noqa: E402
-from operations import IdentityDouble, gateway, gateway_config, poll, route_yaml
+from operations import identity, gateway, gateway_config, poll, route_yaml
 from rawhttp import RawClient, request
 
 CONNECTIONS = 200
@@ -36,13 +36,6 @@ SLOW_CONNECTIONS = 10  # of the 200: GETs the backend answers after SLOW_SECONDS
 DRAIN = 2.0
 SLOW_SECONDS = 3.5
 TIMEOUT = 10.0
-
-
-@pytest.fixture(scope="module")
-def identity():
-    double = IdentityDouble()
-    yield double
-    double.stop()
 
 
 @pytest.fixture(scope="module")

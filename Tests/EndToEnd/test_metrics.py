@@ -20,19 +20,12 @@ import requests
 
 from gatelog import served_by
 from nativeapp import free_port
-from operations import (IdentityDouble, gateway, gateway_config, metric_sum, parse_exposition, poll, relay_sign_in,
+from operations import (identity, gateway, gateway_config, metric_sum, parse_exposition, poll, relay_sign_in,
                         route_yaml, scrape)
 
 ROUTE = "/api/ops/*"
 FAST_GETS = 5
 GENERAL_POSTS = 3
-
-
-@pytest.fixture(scope="module")
-def identity():
-    double = IdentityDouble()
-    yield double
-    double.stop()
 
 
 def metrics_section(listen=None, allow=None):

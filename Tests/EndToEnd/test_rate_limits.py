@@ -31,7 +31,7 @@ import requests
 
 from gatelog import served_by
 from nativeapp import free_port
-from operations import (IdentityDouble, TokenEndpointDouble, client_yaml, gateway, gateway_config, metric_sum,
+from operations import (IdentityDouble, identity, TokenEndpointDouble, client_yaml, gateway, gateway_config, metric_sum,
                         parse_exposition, poll, route_yaml, scrape, upstream_yaml)
 
 def limits_section(trusted=None, metrics_port=None, **limits):
@@ -47,13 +47,6 @@ def limits_section(trusted=None, metrics_port=None, **limits):
     if metrics_port:
         lines += ["observability:", "  metrics:", f"    listen: 127.0.0.1:{metrics_port}"]
     return "\n".join(lines) + "\n"
-
-
-@pytest.fixture(scope="module")
-def identity():
-    double = IdentityDouble()
-    yield double
-    double.stop()
 
 
 @pytest.fixture(scope="module")

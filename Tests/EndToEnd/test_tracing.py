@@ -16,7 +16,7 @@ import requests
 
 from gatelog import served_by
 from nativeapp import free_port
-from operations import IdentityDouble, gateway, gateway_config, relay_sign_in, route_yaml
+from operations import identity, gateway, gateway_config, relay_sign_in, route_yaml
 from otlp import OTLPReceiver
 
 ROUTE_LABEL = "/api/trace/*"
@@ -26,13 +26,6 @@ ROUTE_LABEL = "/api/trace/*"
 def receiver():
     with OTLPReceiver() as otlp:
         yield otlp
-
-
-@pytest.fixture(scope="module")
-def identity():
-    double = IdentityDouble()
-    yield double
-    double.stop()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from backends import _Handler, _Server
@@ -199,6 +200,14 @@ class TokenEndpointDouble(_Server):
 
 
 # --------------------------------------------------------------------------- configuration
+
+@pytest.fixture(scope="module")
+def identity():
+    """The module's identity double (a test module imports this fixture by name)."""
+    double = IdentityDouble()
+    yield double
+    double.stop()
+
 
 def identity_yaml(identity_url, timeout="10s", cache_ttl="5m", negative_ttl="30s"):
     return f"""
