@@ -1,5 +1,4 @@
 public import CoreMetrics
-import Metrics
 import Synchronization
 
 /// Every metric Gatehouse exports, named in one place (README, Operations). The process's
@@ -71,31 +70,13 @@ public enum GatehouseMetrics {
         limitCounters.handle(for: limit.rawValue) { Counter(label: rateLimitedTotal, dimensions: [("limit", $0)]) }.increment()
     }
 
-    /// One call to an upstream: counted by outcome, timed.
-    public static func upstreamCall(upstream: String, endpoint: String, outcome: Outcome, duration: Duration) {
-        upstreamCounters.handle(for: UpstreamKey(upstream: upstream, endpoint: endpoint, outcome: outcome.rawValue)) {
-            Counter(label: upstreamRequestsTotal, dimensions: [("upstream", $0.upstream), ("endpoint", $0.endpoint), ("outcome", $0.outcome)])
-        }.increment()
-        upstreamTimers.handle(for: UpstreamKey(upstream: upstream, endpoint: endpoint, outcome: "")) {
-            Timer(label: upstreamRequestDuration, dimensions: [("upstream", $0.upstream), ("endpoint", $0.endpoint)])
-        }.record(duration: duration)
-    }
-
     public static func audit(_ event: String) {
         auditCounters.handle(for: event) { Counter(label: auditEventsTotal, dimensions: [("event", $0)]) }.increment()
-    }
-
-    struct UpstreamKey: Hashable, Sendable {
-        let upstream: String
-        let endpoint: String
-        let outcome: String
     }
 
     private static let refreshCounters = HandleCache<String, Counter>()
     private static let limitCounters = HandleCache<String, Counter>()
     private static let auditCounters = HandleCache<String, Counter>()
-    private static let upstreamCounters = HandleCache<UpstreamKey, Counter>()
-    private static let upstreamTimers = HandleCache<UpstreamKey, Timer>()
 }
 
 /// Metric handles by label set, made on first use and kept.

@@ -61,10 +61,11 @@ public struct UpstreamTelemetry: Sendable {
     }
 }
 
-/// Where upstream calls are counted: `GatehouseMetrics` (the process's `MetricsSystem`), or a
-/// factory a test hands in, with the same names and labels.
+/// Where upstream calls are counted, under `GatehouseMetrics`' names: the process's
+/// `MetricsSystem` (read when the upstream's client is made, after `serve` bootstrapped it), or
+/// a factory a test hands in. Handles are made once per label set.
 final class UpstreamMetrics: Sendable {
-    private let factory: (any MetricsFactory)?
+    private let factory: any MetricsFactory
     private let counters = HandleCache<Key, Counter>()
     private let timers = HandleCache<Key, Timer>()
     private let limits = HandleCache<String, Counter>()
@@ -76,14 +77,10 @@ final class UpstreamMetrics: Sendable {
     }
 
     init(factory: (any MetricsFactory)?) {
-        self.factory = factory
+        self.factory = factory ?? MetricsSystem.factory
     }
 
     func call(upstream: String, endpoint: UpstreamEndpoint, outcome: GatehouseMetrics.Outcome, duration: Duration) {
-        guard let factory else {
-            GatehouseMetrics.upstreamCall(upstream: upstream, endpoint: endpoint.rawValue, outcome: outcome, duration: duration)
-            return
-        }
         counters.handle(for: Key(upstream: upstream, endpoint: endpoint.rawValue, outcome: outcome.rawValue)) {
             Counter(label: GatehouseMetrics.upstreamRequestsTotal,
                     dimensions: [("upstream", $0.upstream), ("endpoint", $0.endpoint), ("outcome", $0.outcome)], factory: factory)
@@ -95,10 +92,6 @@ final class UpstreamMetrics: Sendable {
     }
 
     func rateLimited(_ limit: GatehouseMetrics.Limit) {
-        guard let factory else {
-            GatehouseMetrics.rateLimited(limit)
-            return
-        }
         limits.handle(for: limit.rawValue) {
             Counter(label: GatehouseMetrics.rateLimitedTotal, dimensions: [("limit", $0)], factory: factory)
         }.increment()
