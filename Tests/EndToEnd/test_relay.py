@@ -207,10 +207,16 @@ def test_500_concurrent_first_calls_make_one_identity_call(gatehouse, seen, rela
     token = issue_token(gatehouse, seen)
     personal.delay_seconds = 1.0
     barrier = threading.Barrier(500)
+    payload = request("GET", "/api/contracts/1", [("Authorization", f"Bearer {token}")])
 
     def call(_):
-        barrier.wait()
-        return get(gatehouse, "/api/contracts/1", token).status_code
+        # Connected and the request built before the barrier: after it, each thread only sends
+        # and waits. (500 threads building requests with `requests` after the barrier held the
+        # GIL long enough to starve the identity double, in this same process, past its timeout.)
+        with RawClient(gatehouse["port"], timeout=30) as client:
+            barrier.wait()
+            answer = client.exchange(payload)
+            return answer.status if answer is not None else None
 
     try:
         with ThreadPoolExecutor(max_workers=500) as pool:

@@ -32,9 +32,19 @@ struct TelemetryTests {
 
     /// Whatever a client asks for outside the known paths is one label, never its path.
     @Test func anythingElseIsUnmatched() {
-        for path in ["/", "/oauth/token/extra", "/healthz/", "/HEALTHZ", "/users/123", "/oauth/token%20", "/x?code=secret"] {
+        for path in ["/", "/oauth/token/extra", "/HEALTHZ", "/users/123", "/oauth/token%20", "/x?code=secret", "//x//"] {
             #expect(RouteLabel.of(path: path, endpoints: Self.endpoints, relayed: nil) == RouteLabel.unmatched, "\(path)")
         }
+    }
+
+    /// Paths the router serves as an endpoint (doubled or trailing slashes) are labelled as it.
+    @Test func theRoutersFormOfAPathIsLabelledAsTheEndpoint() {
+        for path in ["/healthz/", "//healthz", "/oauth//token", "//oauth/token/"] {
+            #expect(RouteLabel.of(path: path, endpoints: Self.endpoints, relayed: nil) != RouteLabel.unmatched, "\(path)")
+        }
+        #expect(RouteLabel.routerPath("//oauth//token/") == "/oauth/token")
+        #expect(RouteLabel.routerPath("/") == "/")
+        #expect(RouteLabel.routerPath("/a/b") == "/a/b")
     }
 
     @Test func statusClassesAndMethodsHaveFewValues() {
