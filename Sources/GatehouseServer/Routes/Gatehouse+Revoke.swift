@@ -37,25 +37,9 @@ extension Gatehouse {
             } catch {
                 return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
             }
-            if let session, session.clientID == client.clientID, session.isLive(at: now()) {
-                do {
-                    try await endSession(session, sessions: sessions)
-                } catch {
-                    return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
-                }
-                logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
-                audit.record(.revoke, clientID: clientID, subject: session.subject, reason: "session_ended")
-            }
+            if let refused = await end(session, revokedBy: client, sessions: sessions) { return refused }
         } else if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
-            if let session = await sessionOf(token, sessions: sessions), session.clientID == client.clientID, session.isLive(at: now()) {
-                do {
-                    try await endSession(session, sessions: sessions)
-                } catch {
-                    return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
-                }
-                logger.info("session revoked by the app", metadata: ["client_id": .string(clientID)])
-                audit.record(.revoke, clientID: clientID, subject: session.subject, reason: "session_ended")
-            }
+            if let refused = await end(await sessionOf(token, sessions: sessions), revokedBy: client, sessions: sessions) { return refused }
         } else if let upstream = upstreams[client.upstream] {
             // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
             let owner: String?
@@ -83,6 +67,20 @@ extension Gatehouse {
         var response = Response(status: .ok)
         response.headers[.cacheControl] = "no-store"
         return response
+    }
+
+    /// Ends `session` when it is `client`'s and live (logged and audited); a store failure is the
+    /// answer, else `nil` (RFC 7009 §2.2: revoking what is not there, or not yours, is a success).
+    private func end(_ session: SessionRecord?, revokedBy client: AppClient, sessions: SessionServices) async -> Response? {
+        guard let session, session.clientID == client.clientID, session.isLive(at: now()) else { return nil }
+        do {
+            try await endSession(session, sessions: sessions)
+        } catch {
+            return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+        }
+        logger.info("session revoked by the app", metadata: ["client_id": .string(client.clientID)])
+        audit.record(.revoke, clientID: client.clientID, subject: session.subject, reason: "session_ended")
+        return nil
     }
 
     private func sessionOf(_ token: String, sessions: SessionServices) async -> SessionRecord? {
