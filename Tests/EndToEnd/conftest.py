@@ -17,6 +17,7 @@ issued, what the demo's app saw. test_zz searches every log and database of the 
 
 import base64
 import binascii
+import hashlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
 
-from backends import EchoBackend, JWTIssuer, PersonalInformationService  # noqa: E402
+from backends import EchoBackend, JWTIssuer, PersonalInformationService, TLSEchoBackend, self_signed_certificate  # noqa: E402
 from gatelog import LogFollower, served_by  # noqa: E402,F401
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
@@ -359,18 +360,127 @@ class GarbageServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+class DroppingBackend:
+    """A backend that answers the first request of each connection (200, keep-alive, a JSON
+    record of what it received, as EchoBackend's) and, on any later request of the same
+    connection, reads it whole, records it and closes the connection without a word: a pooled
+    keep-alive connection the backend closed just as the relay reused it. Every request it read
+    is recorded, so a request relayed twice is seen twice (`deliveries(target)`)."""
+
+    def __init__(self):
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.condition = threading.Condition()
+        self.received = []  # {"method", "target", "body_bytes", "body_sha256", "nth", "answered"}
+        self.connections = 0
+        self.open = set()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            with self.condition:
+                self.connections += 1
+                self.open.add(connection)
+            threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
+
+    @staticmethod
+    def _read_request(connection, buffer):
+        """(method, target, body, rest of the buffer), or None at the end of the connection."""
+        while b"\r\n\r\n" not in buffer:
+            data = connection.recv(65536)
+            if not data:
+                return None
+            buffer += data
+        head, _, buffer = buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        method, target = lines[0].split(b" ")[:2]
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        while len(buffer) < length:
+            data = connection.recv(65536)
+            if not data:
+                return None
+            buffer += data
+        return method.decode(), target.decode("latin-1"), buffer[:length], buffer[length:]
+
+    def serve(self, connection):
+        connection.settimeout(60)
+        buffer, nth = b"", 0
+        try:
+            while True:
+                got = self._read_request(connection, buffer)
+                if got is None:
+                    return
+                method, target, body, buffer = got
+                nth += 1
+                record = {"method": method, "target": target, "body_bytes": len(body),
+                          "body_sha256": hashlib.sha256(body).hexdigest(), "nth": nth, "answered": nth == 1}
+                with self.condition:
+                    self.received.append(record)
+                    self.condition.notify_all()
+                if nth > 1:
+                    return  # closed without an answer
+                answer = json.dumps(record).encode()
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                                   b"Content-Length: " + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+        except OSError:
+            return
+        finally:
+            with self.condition:
+                self.open.discard(connection)
+            connection.close()
+
+    def deliveries(self, target):
+        """The records of the requests read for exactly `target`, in order."""
+        with self.condition:
+            return [record for record in self.received if record["target"] == target]
+
+    def stop(self):
+        self.socket.close()
+        with self.condition:
+            connections = list(self.open)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="session")
-def relay_doubles(upstream):
+def relay_doubles(upstream, workdir):
     """The backend ("ESB"), the myVOO personal-information service (which checks tokens by
-    introspection at the real upstream) and a JWT issuer."""
+    introspection at the real upstream) and a JWT issuer; the same echo backend over TLS
+    ("tls_backend", with a self-signed certificate for 127.0.0.1: "tls_certificate"), another
+    self-signed certificate that backend does not have ("untrusted_certificate"), and a backend
+    that drops every reused keep-alive connection ("dropping", DroppingBackend)."""
     backend = EchoBackend()
     personal = PersonalInformationService(
         introspection_url=upstream["url"] + "/o/introspect/", client_id="gatehouse-legacy",
         client_secret=upstream["env"]["UPSTREAM_SECRET_LEGACY"],
         users={USERNAME: ("1000123", "active"), "bob": ("1000456", "blocked"), "eve": (EVE_BPID, "active")})
     issuer = JWTIssuer()
-    yield {"backend": backend, "personal": personal, "jwt": issuer}
-    for server in (backend, personal, issuer):
+    certificate, key = self_signed_certificate(workdir, "tls-backend")
+    untrusted, _ = self_signed_certificate(workdir, "tls-untrusted")
+    tls_backend = TLSEchoBackend(certificate, key)
+    # A backend whose certificate names a DNS name only (no IP address): reached as `localhost`,
+    # a name it does not carry, its handshake must fail.
+    named_certificate, named_key = self_signed_certificate(workdir, "tls-named", host="backend.invalid", san="DNS:backend.invalid")
+    tls_named_backend = TLSEchoBackend(named_certificate, named_key)
+    dropping = DroppingBackend()
+    yield {"backend": backend, "personal": personal, "jwt": issuer, "tls_backend": tls_backend,
+           "tls_certificate": certificate, "untrusted_certificate": untrusted, "dropping": dropping,
+           "tls_named_backend": tls_named_backend, "tls_named_certificate": named_certificate}
+    for server in (backend, personal, issuer, tls_backend, tls_named_backend, dropping):
         server.stop()
 
 
@@ -419,7 +529,7 @@ store:
   sqlite_path: {workdir}/gatehouse.sqlite
 upstreams:{oauth2("legacy", up + "/o/token/", identity=PERSONAL_XML.format(relay_doubles["personal"].url))}{oauth2("modern", up + "/o/token/", "gatehouse-modern", "UPSTREAM_SECRET_MODERN", "client_secret_post", True)}{oauth2("down", f"http://127.0.0.1:{closed_port}/token")}{oauth2("slow", f"http://127.0.0.1:{silent.port}/token", timeout="1s")}{oauth2("garbage", f"http://127.0.0.1:{garbage.port}/token")}{oauth2("legacy-json", up + "/o/token/", identity=PERSONAL_JSON.format(relay_doubles["personal"].url))}{oauth2("legacy-introspection", up + "/o/token/", identity=INTROSPECTION.format(up))}{oauth2("oidc", up + "/o/token/", "gatehouse-oidc", "UPSTREAM_SECRET_OIDC", identity=USERINFO.format(up))}{oauth2("jwt", relay_doubles["jwt"].url + "/token", identity=JWT.format(relay_doubles["jwt"].url))}{oauth2("identity-down", up + "/o/token/", identity=PERSONAL_JSON.format(f"http://127.0.0.1:{closed_port}"))}
 clients:{client("com.example.app", "legacy")}{client("com.example.relay", "legacy", "relay", (APP_REDIRECT,))}{client("com.example.modern", "modern")}{client("com.example.down", "down")}{client("com.example.slow", "slow")}{client("com.example.garbage", "garbage")}{client("com.example.oidc", "oidc", scopes="[openid, email, read]")}{client("com.example.sealed", "legacy", exposure="sealed")}{client("com.example.app2", "legacy")}{client("com.example.sealed2", "legacy", exposure="sealed")}
-{routes(relay_doubles["backend"].url, closed_port)}
+{routes(relay_doubles["backend"].url, closed_port, relay_doubles)}
 """
     keys = session_keys(workdir, "session-keys", seen)
     config += f"""
@@ -517,7 +627,7 @@ JWT = """
       bpid: /bpid"""
 
 
-def routes(backend, closed_port):
+def routes(backend, closed_port, doubles=None):
     def route(prefix, target, upstream, methods="[GET, HEAD, POST, PUT]", extra=""):
         return f"""
   - prefix: {prefix}
@@ -561,4 +671,20 @@ def routes(backend, closed_port):
     authorization: passthrough"""),
         # Every method the OpenAPI description documents for /api/{rest}, for schemathesis.
         route("/api/schema", backend + "/schema", "legacy", methods="[GET, HEAD, POST, PUT, PATCH, DELETE]"),
-    ])
+    ] + ([] if doubles is None else [
+        # Issue 12 (test_relay_fast_bodies_tls): an https backend trusted through backend_ca_file,
+        # the same backend checked against a certificate it does not have or by a name its
+        # certificate does not carry, and a backend that drops reused keep-alive connections.
+        # Prefixes no earlier route owns.
+        route("/api/tls", doubles["tls_backend"].url + "/tls", "legacy-json", methods="[GET, HEAD, POST, PUT, PATCH, DELETE]",
+              extra=f"""
+    backend_ca_file: {doubles["tls_certificate"]}"""),
+        route("/api/tls-untrusted", doubles["tls_backend"].url + "/tls-untrusted", "legacy-json", extra=f"""
+    backend_ca_file: {doubles["untrusted_certificate"]}"""),
+        # A trusted certificate reached by a name it does not carry (it names backend.invalid only).
+        route("/api/tls-wrong-name", f"https://localhost:{doubles['tls_named_backend'].port}/tls-wrong-name", "legacy-json", extra=f"""
+    backend_ca_file: {doubles["tls_named_certificate"]}"""),
+        route("/api/dropping", doubles["dropping"].url + "/dropping", "legacy-json", methods="[GET, HEAD, POST, PUT, PATCH, DELETE]",
+              extra="""
+    timeout: 5s"""),
+    ]))

@@ -85,9 +85,11 @@ class LoadWorker(threading.Thread):
             sent_at = None
             try:
                 if self.kind == "general":
+                    # Chunked: a small Content-Length body could take the fast path (issue 12).
                     body = secrets.token_bytes(512)
-                    connection.request("POST", f"/api/life/post/{self.index}/{number}", body=body,
-                                       headers={**headers, "Content-Type": "application/octet-stream"})
+                    connection.request("POST", f"/api/life/post/{self.index}/{number}", body=[body], encode_chunked=True,
+                                       headers={**headers, "Content-Type": "application/octet-stream",
+                                                "Transfer-Encoding": "chunked"})
                 elif self.kind == "slow":
                     connection.request("GET", f"/api/life/slow?seconds={SLOW_SECONDS}", headers=headers)
                 else:

@@ -139,7 +139,8 @@ def test_prometheus_scrapes_request_upstream_refresh_cache_and_relay_series(mete
             assert answer.status_code == 200, answer.text
             assert served_by(metered["lines"], answer) == "fast"
         for index in range(GENERAL_POSTS):
-            answer = session.post(base + f"/api/ops/post/{index}", data=b"x" * 100, headers=bearer(relay_token), timeout=10)
+            # A chunked body (a generator) always goes the general way; a small sized one may not (issue 12).
+            answer = session.post(base + f"/api/ops/post/{index}", data=iter([b"x" * 100]), headers=bearer(relay_token), timeout=10)
             assert answer.status_code == 200, answer.text
             assert served_by(metered["lines"], answer) == "general"
     assert identity.known_calls == 1

@@ -234,11 +234,12 @@ def test_relay_per_subject_429_on_the_fast_and_the_general_path(limited, identit
         carol_lines = [target for _, target in backend.request_lines_since(mark) if b"/carol/" in target]
         assert len(carol_lines) == 5, "a request over the limit reached the backend"
 
-        # dave: POSTs with a body (the general path).
-        posts = [session.post(base + f"/api/limited/dave/{n}", data=b"x" * 64, headers={"Authorization": f"Bearer {dave}"},
+        # dave: POSTs with a chunked body (a generator: always the general path).
+        posts = [session.post(base + f"/api/limited/dave/{n}", data=iter([b"x" * 64]), headers={"Authorization": f"Bearer {dave}"},
                               timeout=10) for n in range(5)]
         assert [p.status_code for p in posts] == [200] * 5
-        over = session.post(base + "/api/limited/dave/over", data=b"x" * 64, headers={"Authorization": f"Bearer {dave}"},
+        assert [served_by(instance["lines"], p) for p in posts] == ["general"] * 5
+        over = session.post(base + "/api/limited/dave/over", data=iter([b"x" * 64]), headers={"Authorization": f"Bearer {dave}"},
                             timeout=10)
         assert_problem(over, 429, "rate-limited", "Too Many Requests", at_most=5)
         # carol's GETs are still refused, dave's GETs too (one bucket per subject, both paths).

@@ -335,12 +335,13 @@ def test_head_request_is_relayed_without_a_body(gatehouse, relay_path, relay_tok
 
 
 def test_pipelined_requests_are_answered_in_order(gatehouse, alice, tokens):
-    """Cached-identity GETs take the event loop's fast path; a POST with a body and a cache miss
-    (a token Gatehouse has never seen) go through the general path, and so do a slow answer and
-    a non-relay endpoint. On one connection their answers must still come back in request order."""
+    """Cached-identity GETs take the event loop's fast path; a POST with a body over the fast
+    path's 64 KiB and a cache miss (a token Gatehouse has never seen) go through the general
+    path, and so do a slow answer and a non-relay endpoint. On one connection their answers must
+    still come back in request order."""
     get(gatehouse, "/api/contracts/warm", alice)
     fresh = tokens.fresh()
-    body = os.urandom(3000)
+    body = os.urandom(70 * 1024)
     auth = [("Authorization", f"Bearer {alice}")]
     sequence = [  # (request, the path that must serve it or None when either may, what identifies its answer)
         (request("GET", "/api/contracts/1", auth), "fast", "/contracts/1"),

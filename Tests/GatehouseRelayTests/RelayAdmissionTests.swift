@@ -100,7 +100,7 @@ struct RelayAdmissionTests {
         let identity = CallerIdentity(subject: "eve", bpid: "1000999\r\nX-Injected: yes", scopes: [], attributes: [:], expiresAt: nil)
         let headers = policy.outboundHeaders(from: head, connectionTokens: [], identity: identity, authorization: nil, host: "b:1",
                                              forwarding: RelayForwarding(publicBaseURL: "https://g.example"),
-                                             remoteAddress: "10.0.0.1", requestID: "gh-1",
+                                             peer: RelayForwarding(publicBaseURL: "https://g.example").peer("10.0.0.1"), requestID: "gh-1",
                                              clientRequestID: RelayForwarding.acceptableClientRequestID("app-42"))
         #expect(headers["x-request-id"] == ["gh-1"])
         #expect(headers["x-client-request-id"] == ["app-42"])
@@ -110,5 +110,18 @@ struct RelayAdmissionTests {
         #expect(headers["x-injected"].isEmpty)
         #expect(headers["accept"] == ["application/json"])
         #expect(headers.first(name: "host") == "b:1")
+    }
+
+    /// The fast path's answer head: hop-by-hop headers, the ones `Connection` lists and the
+    /// backend's own request id never reach the app; everything else does, in order.
+    @Test func relayedResponseHeadersDropHopByHopAndListedOnes() {
+        let backend: HTTPHeaders = [
+            "Content-Type": "application/json", "Connection": "keep-alive, X-Internal", "Keep-Alive": "timeout=5",
+            "X-Internal": "secret", "x-request-id": "theirs", "Transfer-Encoding": "chunked", "ETag": "\"1\"",
+        ]
+        let relayed = RelayHeaderPolicy.relayedResponseHeaders(backend, requestID: "ours")
+        #expect(relayed.map { "\($0.name): \($0.value)" } == ["Content-Type: application/json", "ETag: \"1\"", "X-Request-Id: ours"])
+        let plain = RelayHeaderPolicy.relayedResponseHeaders(["Connection": " Keep-Alive ", "X-Keep": "yes"], requestID: "r")
+        #expect(plain.map(\.name) == ["X-Keep", "X-Request-Id"])
     }
 }

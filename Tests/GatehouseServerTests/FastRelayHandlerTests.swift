@@ -1,5 +1,7 @@
+import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseUpstreams
 @testable import GatehouseServer
 import Logging
 import NIOCore
@@ -12,26 +14,34 @@ import Testing
 /// connector whose connections the test hands out when it chooses.
 struct FastRelayHandlerTests {
     struct Planner: FastRelayPlanning {
-        func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
+        static let route = RouteSettings(prefix: "/fast", backend: "http://backend.test/b", upstream: "u", timeout: .seconds(1))
+        static let target = FastRoute(route: route, backend: RouteBackend(url: route.backend)!,
+                                      policy: RelayHeaderPolicy(route: route, allIdentityHeaders: []), tls: nil, sessionOnly: false)
+
+        func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan? {
             guard request.uri.hasPrefix("/fast/") else { return nil }
-            let route = RouteSettings(prefix: "/fast", backend: "http://backend.test/b", upstream: "u", timeout: .seconds(1))
-            let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/b" + request.uri.dropFirst(5), headers: ["Host": "backend.test"])
-            return FastRelayPlan(route: route, backend: RouteBackend(url: route.backend)!, head: head, requestID: "rid-" + request.uri,
-                                 clientRequestID: nil, isHead: false, path: request.uri)
+            let length = request.headers.first(name: "content-length").flatMap(Int.init) ?? 0
+            var headers: HTTPHeaders = ["Host": "backend.test"]
+            if length > 0 { headers.add(name: "Content-Length", value: String(length)) }
+            let head = HTTPRequestHead(version: .http1_1, method: request.method, uri: "/b" + request.uri.dropFirst(5), headers: headers)
+            return FastRelayPlan(target: Self.target, head: head, requestID: "rid-" + request.uri,
+                                 clientRequestID: nil, isHead: request.method == .HEAD, bodyLength: length, path: request.uri)
         }
     }
 
     /// Hands out connections only when the test says so (`pending`), never from an idle pool.
     final class Connector: BackendConnecting, @unchecked Sendable {
-        var pending: [EventLoopPromise<(BackendConnection, reused: Bool)>] = []
-        func idleConnection(to backend: RouteBackend, on eventLoop: any EventLoop) -> BackendConnection? { nil }
-        func connection(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<(BackendConnection, reused: Bool)> {
-            let promise = eventLoop.makePromise(of: (BackendConnection, reused: Bool).self)
+        var pending: [EventLoopPromise<BackendConnection>] = []
+        /// Handed out once as a pooled connection, when set.
+        var idle: BackendConnection?
+        func idleConnection(to target: FastRoute, on eventLoop: any EventLoop, idleAtMost: TimeAmount) -> BackendConnection? {
+            defer { idle = nil }
+            return idle
+        }
+        func connect(to target: FastRoute, on eventLoop: any EventLoop) -> EventLoopFuture<BackendConnection> {
+            let promise = eventLoop.makePromise(of: BackendConnection.self)
             pending.append(promise)
             return promise.futureResult
-        }
-        func connect(to backend: RouteBackend, on eventLoop: any EventLoop) -> EventLoopFuture<BackendConnection> {
-            connection(to: backend, on: eventLoop).map { $0.0 }
         }
     }
 
@@ -49,7 +59,7 @@ struct FastRelayHandlerTests {
         /// A backend connection: an `EmbeddedChannel` ending in the fast path's exchange handler.
         func backend() throws -> (EmbeddedChannel, BackendConnection) {
             let channel = EmbeddedChannel()
-            let handler = BackendExchangeHandler(pool: LoopPool(eventLoop: channel.embeddedEventLoop, maximumIdle: 4), key: "backend.test:80")
+            let handler = BackendExchangeHandler(pool: LoopPool(eventLoop: channel.embeddedEventLoop, maximumIdle: 4, idleTimeout: .seconds(30)), key: "backend.test:80")
             try channel.pipeline.syncOperations.addHandler(handler)
             try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
             return (channel, BackendConnection(channel: channel, handler: handler))
@@ -60,9 +70,17 @@ struct FastRelayHandlerTests {
         func connectNext(sourceLocation: SourceLocation = #_sourceLocation) throws -> (backend: EmbeddedChannel, sent: String?) {
             try #require(!connector.pending.isEmpty, "the fast path asked for no connection", sourceLocation: sourceLocation)
             let (channel, connection) = try backend()
-            connector.pending.removeFirst().succeed((connection, reused: false))
+            connector.pending.removeFirst().succeed(connection)
             guard case .head(let head) = try channel.readOutbound(as: HTTPClientRequestPart.self) else { return (channel, nil) }
             return (channel, head.uri)
+        }
+
+        func post(_ uri: String, body parts: [String], method: HTTPMethod = .POST) throws {
+            let length = parts.reduce(0) { $0 + $1.utf8.count }
+            try app.writeInbound(HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: method, uri: uri,
+                                                                            headers: ["Host": "g", "Content-Length": String(length)])))
+            for part in parts { try app.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: part))) }
+            try app.writeInbound(HTTPServerRequestPart.end(nil))
         }
 
         func request(_ uri: String) throws {
@@ -192,12 +210,135 @@ struct FastRelayHandlerTests {
         try harness.request("/fast/2")
         let late = harness.connector.pending.removeFirst()
         let (lateBackend, lateConnection) = try harness.backend()
-        late.succeed((lateConnection, reused: false))
+        late.succeed(lateConnection)
         #expect(try lateBackend.readOutbound(as: HTTPClientRequestPart.self) == nil)
         #expect(try harness.written().isEmpty)
         let (backend, sent) = try harness.connectNext()
         #expect(sent == "/b/2", "no head sent")
         try harness.answer(backend, body: "two")
         #expect(try harness.written() == ["head 200 rid-/fast/2", "body two", "end"])
+    }
+
+    /// A body is read whole before any backend connection is asked for, then sent in one go.
+    @Test func aBodyIsReadWholeBeforeTheBackendIsAsked() throws {
+        let harness = try Harness()
+        try harness.app.writeInbound(HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: .POST, uri: "/fast/p",
+                                                                                headers: ["Host": "g", "Content-Length": "6"])))
+        try harness.app.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: "abc")))
+        #expect(harness.connector.pending.isEmpty, "a backend was asked for before the body was complete")
+        try harness.app.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: "def")))
+        try harness.app.writeInbound(HTTPServerRequestPart.end(nil))
+        #expect(try harness.passedOn().isEmpty)
+        let (backend, sent) = try harness.connectNext()
+        #expect(sent == "/b/p")
+        guard case .body(.byteBuffer(let body)) = try backend.readOutbound(as: HTTPClientRequestPart.self) else {
+            Issue.record("no body sent")
+            return
+        }
+        #expect(String(buffer: body) == "abcdef")
+        guard case .end = try backend.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("no end sent"); return }
+        try harness.answer(backend, body: "ok")
+        #expect(try harness.written() == ["head 200 rid-/fast/p", "body ok", "end"])
+    }
+
+    /// A client that goes away mid-body never causes a backend request.
+    @Test func aClientLeavingMidBodyReachesNoBackend() throws {
+        let harness = try Harness()
+        try harness.app.writeInbound(HTTPServerRequestPart.head(HTTPRequestHead(version: .http1_1, method: .POST, uri: "/fast/p",
+                                                                                headers: ["Host": "g", "Content-Length": "6"])))
+        try harness.app.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: "abc")))
+        _ = try? harness.app.close().wait()
+        #expect(harness.connector.pending.isEmpty)
+    }
+
+    /// A pooled connection the backend closed before answering: a GET is sent again on a fresh
+    /// connection, a POST is answered 502 and never sent twice.
+    @Test(arguments: [HTTPMethod.GET, .PUT, .POST, .PATCH])
+    func onlyIdempotentRequestsAreSentAgain(method: HTTPMethod) throws {
+        let harness = try Harness()
+        let (stale, connection) = try harness.backend()
+        harness.connector.idle = connection
+        if method == .GET { try harness.request("/fast/r") } else { try harness.post("/fast/r", body: ["x"], method: method) }
+        guard case .head = try stale.readOutbound(as: HTTPClientRequestPart.self) else { Issue.record("nothing sent"); return }
+        _ = try? stale.close().wait()
+        let idempotent = method == .GET || method == .PUT
+        #expect(harness.connector.pending.count == (idempotent ? 1 : 0))
+        if idempotent {
+            let (backend, sent) = try harness.connectNext()
+            #expect(sent == "/b/r")
+            try harness.answer(backend, body: "again")
+            #expect(try harness.written() == ["head 200 rid-/fast/r", "body again", "end"])
+        } else {
+            #expect(try harness.written().first == "head 502 rid-/fast/r")
+        }
+    }
+
+    /// The pool hands out the connection used last, only within the age asked for, and its sweep
+    /// closes connections idle past the pool's idle timeout.
+    @Test func pooledConnectionsAgeOut() throws {
+        let loop = EmbeddedEventLoop()
+        let pool = LoopPool(eventLoop: loop, maximumIdle: 4, idleTimeout: .seconds(30))
+        func connection() throws -> BackendConnection {
+            let channel = EmbeddedChannel(loop: loop)
+            let handler = BackendExchangeHandler(pool: pool, key: "k")
+            try channel.pipeline.syncOperations.addHandler(handler)
+            try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
+            return BackendConnection(channel: channel, handler: handler)
+        }
+        let old = try connection()
+        pool.giveBack(old, key: "k")
+        loop.advanceTime(by: .seconds(2))
+        #expect(pool.takeIdle("k", idleAtMost: .seconds(1)) == nil, "a 2 s idle connection was handed to a POST")
+        #expect(pool.takeIdle("k", idleAtMost: .seconds(30))?.channel === old.channel)
+        pool.giveBack(old, key: "k")
+        loop.advanceTime(by: .seconds(46))
+        #expect(!old.channel.isActive, "the sweep left a connection idle for 46 s open")
+        #expect(pool.takeIdle("k", idleAtMost: .seconds(60)) == nil)
+    }
+}
+
+/// The fast path's per-connection copy of a sealed session view never outlives what the
+/// session cache would say: a revocation or a refresh elsewhere, or the entry's end of life.
+struct SealedMemoTests {
+    static func view(session: String, accessToken: String) throws -> SessionServices.SessionView {
+        let tokens = try UpstreamTokenResponse(body: Data(#"{"access_token":"\#(accessToken)","token_type":"Bearer"}"#.utf8))
+        return SessionServices.SessionView(sessionID: session, upstream: "legacy", clientID: "app", version: 1, tokens: tokens,
+                                           upstreamExpiresAt: nil)
+    }
+
+    @Test func aCopiedViewIsDroppedWithItsSession() throws {
+        let cache = SessionViewCache()
+        let now = Date()
+        cache.put(SecureToken.hash("gha_one"), try Self.view(session: "s1", accessToken: "up-1"), until: now.addingTimeInterval(10), now: now)
+        var memo: SealedMemo?
+        #expect(SealedMemo.view(of: "gha_one", in: cache, now: now, memo: &memo)?.sessionID == "s1")
+        #expect(memo?.token == "gha_one")
+        // Revoked on this instance (or announced by another): the copy must not answer again.
+        cache.dropSession("s1", now: now)
+        #expect(SealedMemo.view(of: "gha_one", in: cache, now: now, memo: &memo) == nil, "a revoked session was relayed from the memo")
+        #expect(memo == nil)
+    }
+
+    @Test func aReplacedViewIsReadAgain() throws {
+        let cache = SessionViewCache()
+        let now = Date()
+        let hash = SecureToken.hash("gha_two")
+        cache.put(hash, try Self.view(session: "s2", accessToken: "up-old"), until: now.addingTimeInterval(10), now: now)
+        var memo: SealedMemo?
+        _ = SealedMemo.view(of: "gha_two", in: cache, now: now, memo: &memo)
+        // A refresh stores the session's new upstream token under the same Gatehouse token.
+        cache.put(hash, try Self.view(session: "s2", accessToken: "up-new"), until: now.addingTimeInterval(10), now: now)
+        #expect(SealedMemo.view(of: "gha_two", in: cache, now: now, memo: &memo)?.tokens.accessToken.reveal() == "up-new")
+    }
+
+    @Test func aCopyLivesNoLongerThanItsEntryAndServesOnlyItsToken() throws {
+        let cache = SessionViewCache()
+        let now = Date()
+        cache.put(SecureToken.hash("gha_three"), try Self.view(session: "s3", accessToken: "up-3"), until: now.addingTimeInterval(10), now: now)
+        var memo: SealedMemo?
+        _ = SealedMemo.view(of: "gha_three", in: cache, now: now, memo: &memo)
+        #expect(SealedMemo.view(of: "gha_other", in: cache, now: now, memo: &memo) == nil, "another token was answered from the memo")
+        _ = SealedMemo.view(of: "gha_three", in: cache, now: now, memo: &memo)
+        #expect(SealedMemo.view(of: "gha_three", in: cache, now: now.addingTimeInterval(11), memo: &memo) == nil)
     }
 }

@@ -15,6 +15,8 @@ every open connection, so a stopped server is really gone (no pooled keep-alive
 connection keeps talking to it).
 
     EchoBackend                  the "ESB": echoes what it received, streams downloads
+    TLSEchoBackend               the same over TLS (https://), with a certificate of the test's
+                                 making (self_signed_certificate)
     PersonalInformationService   legacy myVOO SCIF GetPersonalInformation (XML + JSON twin),
                                  validating tokens by RFC 7662 introspection
     JWTIssuer                    RFC 9068 JWT access tokens + its JWKS (RFC 7517)
@@ -27,6 +29,8 @@ import json
 import re
 import secrets
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -168,14 +172,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_body(status, json.dumps(value).encode(), "application/json", headers)
 
 
+class _TLSHTTPServer(_HTTPServer):
+    """_HTTPServer over TLS: every accepted socket is wrapped with the owner's `tls_context`
+    (server side); the handshake is made in the connection's own thread, so a client that
+    never completes it holds nobody else up. The owner counts handshakes (`_handshake_done`)."""
+
+    def get_request(self):
+        request, address = super().get_request()
+        return self.owner.tls_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request, client_address):
+        request.settimeout(10)
+        try:
+            request.do_handshake()
+        except (ssl.SSLError, OSError):
+            self.owner._handshake_done(False)
+            return  # no HTTP request can come on this connection
+        self.owner._handshake_done(True)
+        super().finish_request(request, client_address)
+
+
 class _Server:
     """Starts `handler` on 127.0.0.1:0 in a daemon thread; counts calls and connections."""
+
+    _server_class = _HTTPServer
 
     def __init__(self, handler):
         self._lock = threading.Lock()
         self.stopping = threading.Event()  # set by stop(): releases every artificial wait
         self.reset()
-        self._httpd = _HTTPServer(self, handler)
+        self._httpd = self._server_class(self, handler)
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
@@ -369,6 +395,58 @@ class EchoBackend(_Server):
         for chunk in EchoBackend.pattern_chunks(size):
             digest.update(chunk)
         return digest.hexdigest()
+
+
+def self_signed_certificate(directory, name, host="127.0.0.1", san=None):
+    """(certificate, key): PEM files `name`.pem and `name`.key in `directory`, a fresh
+    self-signed RSA certificate for `host` (its CN) with the subjectAltName `san` (default: the
+    IP address `host`), valid for a day, made by the openssl command line."""
+    certificate, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={host}",
+                    "-addext", f"subjectAltName={san or 'IP:' + host}", "-keyout", str(key), "-out", str(certificate)],
+                   check=True, capture_output=True, timeout=120)
+    return certificate, key
+
+
+class TLSEchoBackend(EchoBackend):
+    """EchoBackend over TLS 1.2+ (`.url` is https://127.0.0.1:PORT), keep-alive as the plain one,
+    serving the certificate `certificate` with its `key` (PEM files, e.g. self_signed_certificate).
+
+    Besides EchoBackend's counters (`connections` counts TCP connections accepted, `calls`
+    HTTP requests): `handshakes` (TLS handshakes completed) and `handshake_failures` (handshakes
+    a client broke off, e.g. because it does not trust the certificate; no HTTP request can
+    follow one). `wait_for_handshake_failures(count, timeout)` waits until at least `count`
+    were counted since the last reset() and returns the number (it may be less at the deadline).
+    """
+
+    _server_class = _TLSHTTPServer
+
+    def __init__(self, certificate, key, history=100):
+        self._handshake_condition = threading.Condition()
+        self.tls_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.tls_context.load_cert_chain(str(certificate), str(key))
+        self.certificate = certificate
+        super().__init__(history)
+        self.url = f"https://127.0.0.1:{self.port}"
+
+    def reset(self):
+        super().reset()
+        with self._handshake_condition:
+            self.handshakes = self.handshake_failures = 0
+
+    def _handshake_done(self, succeeded):
+        with self._handshake_condition:
+            if succeeded:
+                self.handshakes += 1
+            else:
+                self.handshake_failures += 1
+            self._handshake_condition.notify_all()
+
+    def wait_for_handshake_failures(self, count, timeout):
+        with self._handshake_condition:
+            self._handshake_condition.wait_for(lambda: self.handshake_failures >= count, timeout)
+            return self.handshake_failures
 
 
 # --------------------------------------------------------------------------- PersonalInformationService

@@ -67,7 +67,7 @@ extension GatehouseConfiguration {
         var prefixes: Set<String> = []
         for item in top.list("routes") ?? [] {
             guard let map = reader.mapping(item.node, at: item.path),
-                  let route = decodeRoute(map, upstreams: upstreams, names: upstreamNames, clients: clients) else { continue }
+                  let route = decodeRoute(map, secrets: secrets, upstreams: upstreams, names: upstreamNames, clients: clients) else { continue }
             if !prefixes.insert(route.prefix).inserted {
                 reader.report(item.path + ".prefix", item.node, "'\(route.prefix)' is used by another route")
             }

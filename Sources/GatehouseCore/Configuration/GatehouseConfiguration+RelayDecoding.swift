@@ -71,7 +71,7 @@ extension GatehouseConfiguration {
         }
     }
 
-    static func decodeRoute(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>,
+    static func decodeRoute(_ map: MappingReader, secrets: SecretLookup, upstreams: [String: UpstreamSettings], names: Set<String>,
                             clients: [String: AppClient]) -> RouteSettings? {
         let prefix = map.string("prefix", required: true)
         if let prefix, !prefix.hasPrefix("/") || prefix.contains("?") || prefix.contains("#") || prefix.contains("..")
@@ -141,6 +141,7 @@ extension GatehouseConfiguration {
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(600)))
         let maximumBody = map.integer("max_body_bytes", in: 0...(1 << 40))
         let signIn = map.string("sign_in_client")
+        let trustRoots = backendTrustRoots(map, backend: backend, secrets: secrets)
         if let signIn, clients[signIn] == nil {
             map.reader.report(map.childPath("sign_in_client"), map.value("sign_in_client"), "names no client in 'clients'")
         }
@@ -151,7 +152,28 @@ extension GatehouseConfiguration {
             prefix: prefix, backend: backend.hasSuffix("/") ? String(backend.dropLast()) : backend, methods: methods,
             upstream: upstreamName, rule: rule, identityHeaders: headers, authorization: authorization,
             timeout: timeout ?? .seconds(30), maximumBodyBytes: maximumBody ?? 10 * 1024 * 1024,
-            signInClientID: signIn ?? (defaultClient.count == 1 ? defaultClient[0] : nil))
+            signInClientID: signIn ?? (defaultClient.count == 1 ? defaultClient[0] : nil), backendTrustRootsPEM: trustRoots)
+    }
+
+    /// `backend_ca_file`: the PEM certificates an https backend is checked against instead of the
+    /// system's roots (a private CA, a self-signed backend). Read once, here, like the other files
+    /// the configuration names (relative to its folder; a reload refuses a changed one), so a file
+    /// that cannot be read or holds no certificate is a configuration problem, not a 502 later.
+    private static func backendTrustRoots(_ map: MappingReader, backend: String?, secrets: SecretLookup) -> String? {
+        guard let path = map.string("backend_ca_file") else { return nil }
+        guard let backend, backend.hasPrefix("https://") else {
+            map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "applies only to an https:// backend")
+            return nil
+        }
+        guard let pem = try? secrets.readFile(path) else {
+            map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "cannot read the file \(path)")
+            return nil
+        }
+        guard pem.contains("-----BEGIN CERTIFICATE-----") else {
+            map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+            return nil
+        }
+        return pem
     }
 
     static func decodeIdentityCache(_ map: MappingReader) -> IdentityCacheSettings {

@@ -32,14 +32,19 @@ public struct GatehouseConfiguration: Sendable {
     /// can never slip past a stricter route to a looser one (the relay then refuses it, since its
     /// raw bytes are not under the prefix).
     public func route(for path: String) -> RouteSettings? {
-        guard path.utf8.contains(UInt8(ascii: ";")) else { return routes.first { $0.owns(path) } }
+        routeIndex(for: path).map { routes[$0] }
+    }
+
+    /// The position in `routes` of the route that owns `path` (path parameters, `;…`, ignored).
+    public func routeIndex(for path: String) -> Int? {
+        guard path.utf8.contains(UInt8(ascii: ";")) else { return routes.firstIndex { $0.owns(path) } }
         var stripped = ""
         var inParameters = false
         for character in path {
             if character == ";" { inParameters = true } else if character == "/" { inParameters = false }
             if !inParameters { stripped.append(character) }
         }
-        return routes.first { $0.owns(stripped) }
+        return routes.firstIndex { $0.owns(stripped) }
     }
 }
 

@@ -108,11 +108,14 @@ public struct RouteSettings: Sendable {
     public var maximumBodyBytes: Int
     /// The app client named in 401 answers (where to sign in again).
     public var signInClientID: String?
+    /// `backend_ca_file`'s content: the PEM certificates an https backend is checked against
+    /// instead of the system's roots.
+    public var backendTrustRootsPEM: String?
 
     public init(prefix: String, backend: String, methods: Set<String> = ["GET", "HEAD"], upstream: String,
                 rule: RouteRule = RouteRule(), identityHeaders: [(name: String, source: String)] = [],
                 authorization: BackendAuthorization = .remove, timeout: Duration = .seconds(30),
-                maximumBodyBytes: Int = 10 * 1024 * 1024, signInClientID: String? = nil) {
+                maximumBodyBytes: Int = 10 * 1024 * 1024, signInClientID: String? = nil, backendTrustRootsPEM: String? = nil) {
         self.prefix = prefix
         self.backend = backend
         self.methods = methods
@@ -123,6 +126,7 @@ public struct RouteSettings: Sendable {
         self.timeout = timeout
         self.maximumBodyBytes = maximumBodyBytes
         self.signInClientID = signInClientID
+        self.backendTrustRootsPEM = backendTrustRootsPEM
     }
 
     /// Whether `path` is this prefix or below it (segment boundary: `/api/a` does not own `/api/ab`).

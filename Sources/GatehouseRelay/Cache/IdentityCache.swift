@@ -70,7 +70,11 @@ public final class IdentityCache: Sendable {
     /// `counting: false` for a look that is not the request's look-up (the general path resolves
     /// the token next and counts it then).
     public func peek(token: String, upstream: String, counting: Bool = true) -> IdentityResolution? {
-        let key = TokenKey(token: token, upstream: upstream)
+        peek(key: TokenKey(token: token, upstream: upstream), counting: counting)
+    }
+
+    /// `peek(token:upstream:)` for a key worked out before (the fast path keeps its connection's last one).
+    public func peek(key: TokenKey, counting: Bool = true) -> IdentityResolution? {
         let now = clock()
         let found = state.withLock { get(key, now: now, in: &$0) }
         if counting, case .active? = found { metrics.hits.increment() }

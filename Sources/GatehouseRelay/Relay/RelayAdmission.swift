@@ -96,6 +96,12 @@ public struct RelayAdmission: Sendable {
         return .forbidden(violation.prefix(1).uppercased() + violation.dropFirst() + ".")
     }
 
+    /// Whether `token` may follow `Bearer ` in a header as it is: visible ASCII only (no space,
+    /// no control character that could end or split the header).
+    public static func isHeaderSafeToken(_ token: String) -> Bool {
+        !token.isEmpty && token.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+
     /// The token of a single `Authorization: Bearer …` header (RFC 6750 §2.1); `nil` otherwise.
     public static func bearerToken(_ values: [String]) -> String? {
         guard values.count == 1, let value = values.first?.utf8, value.count > 7 else { return nil }

@@ -14,14 +14,25 @@ public struct RelayForwarding: Sendable {
         self.host = publicBaseURL.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
     }
 
-    public func add(to headers: inout HTTPHeaders, remoteAddress: String?, requestID: String, clientRequestID: String?) {
-        if let remoteAddress {
-            headers.add(name: "X-Forwarded-For", value: remoteAddress)
-            let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
-            headers.add(name: "Forwarded", value: "for=\(node);proto=\(proto);host=\"\(host)\"")
-        } else {
-            headers.add(name: "Forwarded", value: "proto=\(proto);host=\"\(host)\"")
-        }
+    /// What the forwarding headers say about one peer: worked out once per connection by the
+    /// fast path (a connection has one peer), per request by the general path.
+    public struct Peer: Sendable {
+        public let remoteAddress: String?
+        /// `X-Forwarded-For`'s value, `nil` when the peer's address is unknown.
+        let forwardedFor: String?
+        /// `Forwarded`'s value.
+        let forwarded: String
+    }
+
+    public func peer(_ remoteAddress: String?) -> Peer {
+        guard let remoteAddress else { return Peer(remoteAddress: nil, forwardedFor: nil, forwarded: "proto=\(proto);host=\"\(host)\"") }
+        let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
+        return Peer(remoteAddress: remoteAddress, forwardedFor: remoteAddress, forwarded: "for=\(node);proto=\(proto);host=\"\(host)\"")
+    }
+
+    public func add(to headers: inout HTTPHeaders, peer: Peer, requestID: String, clientRequestID: String?) {
+        if let forwardedFor = peer.forwardedFor { headers.add(name: "X-Forwarded-For", value: forwardedFor) }
+        headers.add(name: "Forwarded", value: peer.forwarded)
         headers.add(name: "X-Forwarded-Proto", value: proto)
         headers.add(name: "X-Forwarded-Host", value: host)
         headers.add(name: "X-Request-Id", value: requestID)

@@ -47,7 +47,7 @@ public struct RelayHeaderPolicy: Sendable {
     ///   (it logs it too), sent as `X-Client-Request-Id`.
     public func outboundHeaders(from head: some RelayRequestHead, connectionTokens: Set<String>, identity: CallerIdentity,
                                 authorization: String?, host: String?, forwarding: RelayForwarding,
-                                remoteAddress: String?, requestID: String, clientRequestID: String?) -> HTTPHeaders {
+                                peer: RelayForwarding.Peer, requestID: String, clientRequestID: String?) -> HTTPHeaders {
         var headers = HTTPHeaders()
         headers.reserveCapacity(16)
         if let host { headers.add(name: "Host", value: host) }
@@ -60,7 +60,7 @@ public struct RelayHeaderPolicy: Sendable {
         for header in routeIdentityHeaders {
             if let value = identity.value(of: header.source) { headers.add(name: header.name, value: Self.headerSafe(value)) }
         }
-        forwarding.add(to: &headers, remoteAddress: remoteAddress, requestID: requestID, clientRequestID: clientRequestID)
+        forwarding.add(to: &headers, peer: peer, requestID: requestID, clientRequestID: clientRequestID)
         return headers
     }
 
@@ -85,6 +85,35 @@ public struct RelayHeaderPolicy: Sendable {
     }
 
     private static let authorizationBytes = Array("authorization".utf8)
+
+    /// The fast path's answer head toward the app: the backend's headers without the hop-by-hop
+    /// ones, those its `Connection` lists and its own `X-Request-Id`, then Gatehouse's request id.
+    /// One pass, and the names `Connection` lists are worked out only when it lists more than
+    /// `keep-alive` or `close` (what nearly every backend sends).
+    public static func relayedResponseHeaders(_ headers: HTTPHeaders, requestID: String) -> HTTPHeaders {
+        var listed: Set<String> = []
+        for (name, value) in headers where isNamed(name, "connection") && !isPlainConnectionValue(value) {
+            listed.formUnion(connectionTokens([value]))
+        }
+        var relayed = HTTPHeaders()
+        relayed.reserveCapacity(headers.count + 1)
+        for (name, value) in headers {
+            if isHopByHop(name) || isNamed(name, "x-request-id") { continue }
+            if !listed.isEmpty, listed.contains(name.lowercased()) { continue }
+            relayed.add(name: name, value: value)
+        }
+        relayed.add(name: "X-Request-Id", value: requestID)
+        return relayed
+    }
+
+    /// `keep-alive` or `close` alone, in any case, with optional whitespace around.
+    private static func isPlainConnectionValue(_ value: String) -> Bool {
+        var bytes = value.utf8[...]
+        while bytes.first == UInt8(ascii: " ") || bytes.first == UInt8(ascii: "\t") { bytes = bytes.dropFirst() }
+        while bytes.last == UInt8(ascii: " ") || bytes.last == UInt8(ascii: "\t") { bytes = bytes.dropLast() }
+        let folded = bytes.lazy.map { $0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0 }
+        return folded.elementsEqual("keep-alive".utf8) || folded.elementsEqual("close".utf8)
+    }
 
     /// Whether a response header from the backend goes back to the app.
     public static func forwardsResponseHeader(_ lowercasedName: String, connectionTokens: Set<String>) -> Bool {

@@ -1,5 +1,6 @@
 import Crypto
 public import Foundation
+import NIOSSL
 public import GatehouseCore
 import Synchronization
 import GatehouseUpstreams
@@ -62,6 +63,16 @@ public enum YAMLConfigurationLoader {
                 return content
             })
         var configuration = try GatehouseConfiguration.decode(root, secrets: secrets)
+        // The decoder saw a PEM marker; that the certificates parse is known only to NIOSSL.
+        let unreadable = configuration.routes.enumerated().filter { _, route in
+            guard let pem = route.backendTrustRootsPEM else { return false }
+            return ((try? NIOSSLCertificate.fromPEMBytes(Array(pem.utf8))) ?? []).isEmpty
+        }
+        if !unreadable.isEmpty {
+            throw ConfigErrors(problems: unreadable.map { index, _ in
+                ConfigProblem(path: "routes[\(index)].backend_ca_file", line: 0, message: "holds no certificate that can be read (a truncated or damaged PEM?)")
+            })
+        }
         if configuration.store.sqlitePath != ":memory:" {
             configuration.store.sqlitePath = resolve(configuration.store.sqlitePath, against: baseDirectory).path
         }

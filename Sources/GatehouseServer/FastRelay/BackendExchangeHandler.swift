@@ -33,12 +33,13 @@ final class BackendExchangeHandler: ChannelInboundHandler, RemovableChannelHandl
         self.context = context
     }
 
-    /// Sends `head` (no body) and reports the answer to `delegate`.
-    func send(_ head: HTTPRequestHead, delegate: any BackendExchangeDelegate) {
+    /// Sends `head` and `body` (whole, or none) and reports the answer to `delegate`.
+    func send(_ head: HTTPRequestHead, body: ByteBuffer?, delegate: any BackendExchangeDelegate) {
         guard let context else { return delegate.backendFailed(ChannelError.ioOnClosedChannel, beforeHead: true) }
         self.delegate = delegate
         sawHead = false
         context.write(wrapOutboundOut(.head(head)), promise: nil)
+        if let body, body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
     }
 

@@ -7,16 +7,26 @@ import NIOHTTP1
 
 /// Decides whether a request takes the fast path (`FastRelayPlanner`; a stand-in in tests).
 protocol FastRelayPlanning: Sendable {
-    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan?
+    /// `memo`: what the connection kept from its previous requests (`ConnectionMemo`).
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan?
+}
+
+extension FastRelayPlanning {
+    /// A plan for a request with no connection memo (tests).
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
+        var memo = ConnectionMemo()
+        return plan(request, remoteAddress: remoteAddress, memo: &memo)
+    }
 }
 
 extension FastRelayPlanner: FastRelayPlanning {}
 
 /// The relay's fast path, in the server's channel pipeline right after the connection's edge,
-/// in front of Hummingbird's conversion to HTTP types: a request the planner accepts (no body,
-/// cached identity that passes the rule, plain-http backend) is relayed on a pooled backend
-/// connection of the same event loop, with no task, no hop between threads and no copy of the
-/// body. Every other request goes on to Hummingbird unchanged, where the general relay handles it.
+/// in front of Hummingbird's conversion to HTTP types: a request the planner accepts (a body of
+/// at most 64 KiB, read whole first; a cached identity that passes the rule; an http or https
+/// backend) is relayed on a pooled backend connection of the same event loop, with no task and
+/// no hop between threads. Every other request goes on to Hummingbird unchanged, where the
+/// general relay handles it.
 ///
 /// Order is kept: a fast request starts only when Hummingbird owes no answer on this
 /// connection, and requests pipelined behind a fast one wait until it has been answered.
@@ -43,12 +53,16 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case general
         /// The fast request's remaining parts (its `.end`): read and dropped.
         case swallowing
+        /// The fast request's body: collected until its `.end`, then the exchange starts.
+        case collecting
     }
 
     /// One fast exchange. `id` tells a late callback of an earlier exchange (a connect that
     /// finished after its 504) from the current one: such a callback never touches the current one.
     struct Exchange {
         let plan: FastRelayPlan
+        /// The request's body (`nil` without one), kept to be sent again on a fresh connection.
+        let body: ByteBuffer?
         let id: Int
         let started: NIODeadline
         /// The connection came from the idle pool (the backend may have closed it meanwhile).
@@ -88,10 +102,18 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private(set) var inbound: Inbound = .idle
     private(set) var quiesce: Quiesce = .none
     /// The metrics of the route last relayed on this connection (looked up once per connection and route).
-    private var routeMetrics: (prefix: String, metrics: RelayRouteMetrics)?
+    private var routeMetrics: (route: FastRoute, metrics: RelayRouteMetrics)?
     /// Requests handed to Hummingbird whose answer has not ended yet.
     private(set) var generalOutstanding = 0
     private var queued = CircularBuffer<HTTPServerRequestPart>()
+    /// What this connection's previous requests left for the next (see `ConnectionMemo`).
+    private var memo = ConnectionMemo()
+    /// Reading the current exchange's backend connection is off (backpressure).
+    private var backendPaused = false
+    /// A part went on to Hummingbird since the last end of a read batch.
+    private var passedOnInBatch = false
+    /// The fast request whose body is arriving, and the body so far.
+    private var collecting: (plan: FastRelayPlan, body: ByteBuffer?)?
     private var lastExchangeID = 0
     /// The route's timeout for the running exchange, and which exchange it belongs to.
     private var timer: LazyTimer?
@@ -107,6 +129,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if case .idle = state { return false }
         return true
     }
+
+    /// Fast work remains on this connection: an exchange, or a request whose body is arriving.
+    private var isBusy: Bool { isExchanging || collecting != nil }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -149,24 +174,67 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             // with `Connection: close`); the fast path would keep a pipelining client's connection
             // open to the deadline. Requests queued while the drain is held are still served here.
             if generalOutstanding == 0, inbound != .general, quiesce != .passedOn,
-               let plan = planner.plan(request, remoteAddress: remoteAddress) {
-                inbound = .swallowing
-                start(plan, context: context)
+               let plan = planner.plan(request, remoteAddress: remoteAddress, memo: &memo) {
+                if plan.bodyLength > 0 {
+                    inbound = .collecting
+                    collecting = (plan, nil)  // nothing held before the body's bytes arrive
+                } else {
+                    inbound = .swallowing
+                    start(plan, body: nil, context: context)
+                }
             } else {
                 generalOutstanding += 1
                 inbound = .general
-                context.fireChannelRead(wrapInboundOut(part))
+                passOn(part, context: context)
             }
-        case .body:
-            if inbound == .general { context.fireChannelRead(wrapInboundOut(part)) }
+        case .body(var bytes):
+            if inbound == .general { return passOn(part, context: context) }
+            guard inbound == .collecting, var pending = collecting else { return }
+            collecting = nil  // the buffer stays uniquely referenced while it grows
+            let held = pending.body?.readableBytes ?? 0
+            guard held + bytes.readableBytes <= pending.plan.bodyLength else {
+                // NIO's decoder frames the body by its Content-Length: this cannot happen.
+                return context.close(promise: nil)
+            }
+            if pending.body == nil, bytes.readableBytes == pending.plan.bodyLength {
+                pending.body = bytes  // the whole body in one part (the common case): no copy
+            } else {
+                // Grown as bytes arrive: a client announcing 64 KiB and sending nothing holds nothing.
+                var body = pending.body ?? context.channel.allocator.buffer(capacity: min(pending.plan.bodyLength, max(4096, 2 * bytes.readableBytes)))
+                body.writeBuffer(&bytes)
+                pending.body = body
+            }
+            collecting = pending
         case .end:
-            if inbound == .general { context.fireChannelRead(wrapInboundOut(part)) }
+            if inbound == .general { passOn(part, context: context) }
+            let wasCollecting = inbound == .collecting
             inbound = .idle
+            if wasCollecting, let pending = collecting {
+                collecting = nil
+                // Exactly the announced length, or the backend would read the next request as body.
+                guard let body = pending.body, body.readableBytes == pending.plan.bodyLength else { return context.close(promise: nil) }
+                start(pending.plan, body: body, context: context)
+            }
         }
+    }
+
+    /// A part of a general request, on to Hummingbird.
+    private func passOn(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
+        passedOnInBatch = true
+        context.fireChannelRead(wrapInboundOut(part))
+    }
+
+    /// The end of a read batch goes on only when Hummingbird was handed something in it: its
+    /// channel handler would otherwise look for reads to deliver after every fast request.
+    func channelReadComplete(context: ChannelHandlerContext) {
+        guard passedOnInBatch else { return }
+        passedOnInBatch = false
+        context.fireChannelReadComplete()
     }
 
     func channelInactive(context: ChannelHandlerContext) {
         timer?.stop()
+        collecting = nil
         switch state {
         case .awaitingHead(_, let backend), .streaming(_, let backend, _):
             backend.handler.release(reusable: false)
@@ -180,7 +248,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         guard event is ChannelShouldQuiesceEvent else { return context.fireUserInboundEventTriggered(event) }
         guard quiesce == .none else { return }
-        if isExchanging || !queued.isEmpty {
+        if isBusy || !queued.isEmpty {
             quiesce = .held
         } else {
             quiesce = .passedOn
@@ -191,7 +259,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// Passes a held drain on once no fast work remains (Hummingbird then closes the
     /// connection, at once or after the answers it owes).
     private func passQuiesceOnIfIdle() {
-        guard quiesce == .held, !isExchanging, queued.isEmpty, let context else { return }
+        guard quiesce == .held, !isBusy, queued.isEmpty, let context else { return }
         quiesce = .passedOn
         context.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
     }
@@ -212,9 +280,17 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         // Backpressure for large answers: read the backend only as fast as the app takes it.
         if case .streaming(_, let backend, _) = state {
-            backend.channel.setOption(ChannelOptions.autoRead, value: context.channel.isWritable).whenFailure { _ in }
+            setBackendReading(backend, context.channel.isWritable)
         }
         context.fireChannelWritabilityChanged()
+    }
+
+    /// Turns reading the backend's answer off (the app reads slower than the backend sends) or
+    /// back on. Setting a channel option costs a future: done only when the state changes.
+    private func setBackendReading(_ backend: BackendConnection, _ reading: Bool) {
+        guard backendPaused == reading else { return }
+        backendPaused = !reading
+        backend.channel.setOption(ChannelOptions.autoRead, value: reading).whenFailure { _ in }
     }
 
     // MARK: Outbound: Hummingbird's answers pass through
@@ -226,18 +302,19 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     // MARK: The fast exchange
 
-    private func start(_ plan: FastRelayPlan, context: ChannelHandlerContext) {
+    private func start(_ plan: FastRelayPlan, body: ByteBuffer?, context: ChannelHandlerContext) {
         lastExchangeID &+= 1
-        var exchange = Exchange(plan: plan, id: lastExchangeID, started: .now())
+        var exchange = Exchange(plan: plan, body: body, id: lastExchangeID, started: .now())
         armTimer(exchange, context: context)
-        if let idle = pool.idleConnection(to: plan.backend, on: context.eventLoop) {
+        let idleAtMost = plan.isIdempotent ? BackendConnectionPool.idleTimeout : BackendConnectionPool.freshForUnsafeMethods
+        if let idle = pool.idleConnection(to: plan.target, on: context.eventLoop, idleAtMost: idleAtMost) {
             exchange.reused = true
             send(exchange, on: idle)
             return
         }
         state = .connecting(exchange)
-        pool.connection(to: plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
-            self?.connected(result.map { ($0.0, $0.reused) }, for: exchange.id)
+        pool.connect(to: plan.target, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
+            self?.connected(result.map { ($0, false) }, for: exchange.id)
         }
     }
 
@@ -258,24 +335,16 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
 
     private func send(_ exchange: Exchange, on connection: BackendConnection) {
         state = .awaitingHead(exchange, connection)
-        connection.handler.send(exchange.plan.head, delegate: self)
+        backendPaused = false  // a pooled connection is given back reading; a new one starts so
+        connection.handler.send(exchange.plan.head, body: exchange.body, delegate: self)
     }
 
     func backendResponseHead(_ head: HTTPResponseHead) {
         guard let context, case .awaitingHead(let exchange, let backend) = state else { return }
         state = .streaming(exchange, backend, status: head.status.code)
         armTimer(exchange, context: context)  // from now on: the longest silence allowed within the body
-        var head = head
-        let connectionValues = head.headers["connection"]
-        if !connectionValues.isEmpty {
-            for token in RelayHeaderPolicy.connectionTokens(connectionValues) { head.headers.remove(name: token) }
-        }
-        if head.headers.contains(where: { RelayHeaderPolicy.isHopByHop($0.name) }) {
-            for name in RelayHeaderPolicy.hopByHop { head.headers.remove(name: name) }
-        }
-        head.headers.replaceOrAdd(name: "X-Request-Id", value: exchange.plan.requestID)
-        head.version = .http1_1
-        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        let headers = RelayHeaderPolicy.relayedResponseHeaders(head.headers, requestID: exchange.plan.requestID)
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))), promise: nil)
     }
 
     func backendResponseBody(_ buffer: ByteBuffer) {
@@ -285,7 +354,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if !context.channel.isWritable {
             // Stop reading the backend first: the flush below may make the channel writable
             // again at once, and `channelWritabilityChanged` then turns reading back on.
-            backend.channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in }
+            setBackendReading(backend, false)
             context.flush()
         }
     }
@@ -299,7 +368,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         guard let context, case .streaming(let exchange, let backend, let status) = state else { return }
         timer?.disarm()
         writeEnd(context: context)
-        backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in }
+        if backendPaused { setBackendReading(backend, true) }
         backend.handler.release(reusable: reusable)
         finish(exchange, status: status)
     }
@@ -316,13 +385,13 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             count(exchange, status: status)
             context.close(promise: nil)
         case .awaitingHead(var exchange, _):
-            guard exchange.reused, !exchange.retried else { return answerProblem(.backendUnavailable()) }
-            // A pooled connection the backend had closed: GET and HEAD are safe to send again.
+            guard exchange.reused, !exchange.retried, exchange.plan.isIdempotent else { return answerProblem(.backendUnavailable()) }
+            // A pooled connection the backend had closed: an idempotent request is safe to send again.
             exchange.retried = true
             exchange.reused = false
             state = .connecting(exchange)
             let id = exchange.id
-            pool.connect(to: exchange.plan.backend, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
+            pool.connect(to: exchange.plan.target, on: context.eventLoop).assumeIsolated().whenComplete { [weak self] result in
                 self?.connected(result.map { ($0, false) }, for: id)
             }
         }
@@ -332,7 +401,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// (a backend that sends a head and falls silent must not hold two connections forever).
     private func armTimer(_ exchange: Exchange, context: ChannelHandlerContext) {
         timedExchange = exchange.id
-        timer?.arm(in: .nanoseconds(exchange.plan.route.timeout.inNanoseconds))
+        timer?.arm(in: exchange.plan.target.timeout)
     }
 
     private func timedOut(_ id: Int) {
@@ -367,7 +436,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         writeEnd(context: context)
-        logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.route.prefix)])
+        logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.target.route.prefix)])
         finish(exchange, status: UInt(problem.status))
     }
 
@@ -378,7 +447,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         if logger.logLevel <= .info {
             let elapsed = Double(nanoseconds) / 1_000_000
             var metadata: Logger.Metadata = [
-                "request_id": .string(plan.requestID), "method": .string(plan.isHead ? "HEAD" : "GET"),
+                "request_id": .string(plan.requestID), "method": .string(plan.head.method.rawValue),
                 "path": .string(plan.path), "relay": "fast", "status": .stringConvertible(status),
                 "ms": .string(String(format: "%.1f", elapsed)),
             ]
@@ -390,22 +459,25 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             process(part, context: context)
         }
         // Hummingbird's channel delivers what it was handed at the end of a read batch.
-        context.fireChannelReadComplete()
+        if passedOnInBatch {
+            passedOnInBatch = false
+            context.fireChannelReadComplete()
+        }
     }
 
     /// Counts a finished (or broken-off) exchange; returns its duration in nanoseconds.
     @discardableResult
     private func count(_ exchange: Exchange, status: UInt) -> Int64 {
         let nanoseconds = (NIODeadline.now() - exchange.started).nanoseconds
-        metrics(for: exchange.plan.route).record(isHead: exchange.plan.isHead, status: Int(status), nanoseconds: nanoseconds)
+        metrics(for: exchange.plan.target).record(isHead: exchange.plan.isHead, status: Int(status), nanoseconds: nanoseconds)
         return nanoseconds
     }
 
     /// The handles of `route`: kept for the connection's next exchange on the same route.
-    private func metrics(for route: RouteSettings) -> RelayRouteMetrics {
-        if let routeMetrics, routeMetrics.prefix == route.prefix { return routeMetrics.metrics }
-        let metrics = RequestMetrics.fastRelay(route)
-        routeMetrics = (route.prefix, metrics)
+    private func metrics(for target: FastRoute) -> RelayRouteMetrics {
+        if let routeMetrics, routeMetrics.route === target { return routeMetrics.metrics }
+        let metrics = RequestMetrics.fastRelay(target.route)
+        routeMetrics = (target, metrics)
         return metrics
     }
 }

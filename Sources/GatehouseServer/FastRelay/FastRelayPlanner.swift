@@ -3,37 +3,98 @@ import GatehouseCore
 import GatehouseRelay
 import GatehouseUpstreams
 import Logging
+import NIOCore
 import NIOHTTP1
 
-/// A relayed request the event loop can answer on its own: everything about it is known
-/// without waiting (a plain-http backend, no request body, a cached identity that passes
-/// the route's rule). Everything else goes the general way, through Hummingbird.
-struct FastRelayPlan {
+/// What the fast path knows of one route, worked out once per configuration: the planner and
+/// the handler reach it through one reference instead of copying the route's settings and
+/// looking its backend, header policy and TLS up by prefix on every request.
+final class FastRoute: Sendable {
     let route: RouteSettings
     let backend: RouteBackend
+    let policy: RelayHeaderPolicy
+    /// For an https backend; `nil` for plain http.
+    let tls: BackendTLS?
+    /// The pool key of the backend's connections (`BackendTLS.poolKey` for https).
+    let poolKey: String
+    /// The `Host` header the backend is sent.
+    let hostHeader: String
+    /// The largest body the fast path reads itself: the route's limit, at most 64 KiB.
+    let maximumFastBody: Int
+    /// The route's identity kind is `session`: it knows its callers only through sealed sessions.
+    let sessionOnly: Bool
+    /// The route's `timeout`.
+    let timeout: TimeAmount
+
+    convenience init?(route: RouteSettings, relay: RelayServices, configuration: GatehouseConfiguration) {
+        guard route.authorization != .assertion, let backend = relay.backends[route.prefix],
+              let policy = relay.policies[route.prefix] else { return nil }
+        let tls = relay.backendTLS[route.prefix]
+        if backend.isTLS && tls?.context == nil { return nil }
+        self.init(route: route, backend: backend, policy: policy, tls: tls,
+                  sessionOnly: configuration.upstreams[route.upstream]?.identity?.kind == .session)
+    }
+
+    init(route: RouteSettings, backend: RouteBackend, policy: RelayHeaderPolicy, tls: BackendTLS?, sessionOnly: Bool) {
+        self.route = route
+        self.backend = backend
+        self.policy = policy
+        self.tls = tls
+        self.poolKey = tls?.poolKey ?? backend.key
+        let host = backend.host.contains(":") ? "[\(backend.host)]" : backend.host
+        self.hostHeader = backend.port == (backend.isTLS ? 443 : 80) ? host : "\(host):\(backend.port)"
+        self.maximumFastBody = min(route.maximumBodyBytes, FastRelayPlanner.maximumBody)
+        self.sessionOnly = sessionOnly
+        self.timeout = .nanoseconds(route.timeout.inNanoseconds)
+    }
+}
+
+/// A relayed request the event loop can answer on its own: everything about it is known
+/// without waiting (a body of at most 64 KiB, a cached identity that passes the route's rule).
+/// Everything else goes the general way, through Hummingbird.
+struct FastRelayPlan {
+    let target: FastRoute
     let head: HTTPRequestHead
     let requestID: String
     /// The app's own plain `X-Request-Id`, for the log line.
     let clientRequestID: String?
     let isHead: Bool
+    /// The body's length (`Content-Length`; 0 without a body): read whole before the backend
+    /// is contacted, so a client that stops mid-body never produces a request at the backend.
+    let bodyLength: Int
     /// The app's path, for logs and the `instance` of problems.
     let path: String
+
+    /// Sent again on a fresh connection when a pooled one turns out closed (RFC 9110 §9.2.2):
+    /// a POST or PATCH is never sent twice.
+    var isIdempotent: Bool {
+        switch head.method {
+        case .GET, .HEAD, .PUT, .DELETE, .OPTIONS: true
+        default: false
+        }
+    }
 }
 
 /// Decides, synchronously and on the event loop, whether a request takes the fast path. The
 /// decision itself is `RelayAdmission`, shared with the general path; this adds only what the
-/// fast path can carry out (GET or HEAD without a body over HTTP/1.1, a plain-http backend, no
-/// assertion to sign, a cached identity, a subject within `relay_per_subject`). A refused
-/// request goes the general way, which answers it with the same refusal (or the 429).
+/// fast path can carry out (HTTP/1.1, a body framed by `Content-Length` of at most 64 KiB and
+/// the route's limit, no `Expect`, no assertion to sign, a cached identity, a subject within
+/// `relay_per_subject`). A refused request goes the general way, which answers it with the same
+/// refusal (or the 429).
 ///
 /// While tracing is on the planner declines everything: only the general path has spans.
-struct FastRelayPlanner: Sendable {
+final class FastRelayPlanner: Sendable {
+    /// The largest request body the fast path reads itself.
+    static let maximumBody = 64 * 1024
+
     let configuration: GatehouseConfiguration
     let relay: RelayServices
     let sessions: SessionServices?
     let limits: RateLimiters?
     let tracingEnabled: Bool
     let logger: Logger
+    /// By position in `configuration.routes`; `nil` for a route the fast path never takes.
+    private let routes: [FastRoute?]
 
     init(configuration: GatehouseConfiguration, relay: RelayServices, sessions: SessionServices?, limits: RateLimiters? = nil,
          tracingEnabled: Bool = false, logger: Logger) {
@@ -43,35 +104,44 @@ struct FastRelayPlanner: Sendable {
         self.limits = limits
         self.tracingEnabled = tracingEnabled
         self.logger = logger
+        self.routes = configuration.routes.map { FastRoute(route: $0, relay: relay, configuration: configuration) }
     }
 
-    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
-        guard !tracingEnabled, request.method == .GET || request.method == .HEAD, request.version == .http1_1 else { return nil }
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan? {
+        guard !tracingEnabled, request.version == .http1_1 else { return nil }
         let target = request.uri
-        let pathEnd = target.firstIndex(of: "?") ?? target.endIndex
+        let pathEnd = target.utf8.firstIndex(of: UInt8(ascii: "?")) ?? target.endIndex
         let path = String(target[..<pathEnd])
-        guard let route = configuration.route(for: path), route.authorization != .assertion,
-              let backend = relay.backends[route.prefix], !backend.isTLS, let policy = relay.policies[route.prefix] else { return nil }
+        guard let index = configuration.routeIndex(for: path), let fast = routes[index] else { return nil }
+        let route = fast.route
         let head = NIORelayHead(head: request)
-        guard case .success(let admission) = RelayAdmission.admit(head, route: route, backendPath: backend.basePath),
-              admission.body == .none, head.values(of: .expect).isEmpty,
+        guard case .success(let admission) = RelayAdmission.admit(head, route: route, backendPath: fast.backend.basePath),
+              head.values(of: .expect).isEmpty,
               !admission.connectionTokens.contains("close"), !admission.connectionTokens.contains("upgrade") else { return nil }
+        let bodyLength: Int
+        switch admission.body {
+        case .none: bodyLength = 0
+        case .length(let length) where length <= fast.maximumFastBody && Self.mayCarryBody(request.method): bodyLength = length
+        case .length, .chunked: return nil
+        }
         var token = admission.bearer
         var sealed = false
         if token.hasPrefix(SessionServices.accessPrefix) {
             // Only a session opened moments ago by the general path, and not due for refresh.
             let now = Date()
-            guard let sessions, let view = sessions.views.get(SecureToken.hash(token), now: now), view.upstream == route.upstream,
-                  !sessions.needsRefresh(view, now: now) else { return nil }
+            guard let sessions, let view = SealedMemo.view(of: token, in: sessions.views, now: now, memo: &memo.sealed),
+                  view.upstream == route.upstream, !sessions.needsRefresh(view, now: now) else { return nil }
             token = view.tokens.accessToken.reveal()
+            // It goes into a header the fast path writes without NIO's validation.
+            guard RelayAdmission.isHeaderSafeToken(token) else { return nil }
             sealed = true
         } else if token.hasPrefix(SessionServices.refreshPrefix) {
             return nil
-        } else if configuration.upstreams[route.upstream]?.identity?.kind == .session {
+        } else if fast.sessionOnly {
             // Such a route knows its callers only through their sealed session.
             return nil
         }
-        guard case .active(let identity) = relay.cache.peek(token: token, upstream: route.upstream),
+        guard case .active(let identity) = relay.cache.peek(key: memo.key(of: token, upstream: route.upstream)),
               admission.authorize(identity) == nil else { return nil }
         // Last: a token is taken only for a request the fast path will carry. Over the limit, the
         // general path takes again, is refused too, and answers (and counts) the 429.
@@ -79,15 +149,91 @@ struct FastRelayPlanner: Sendable {
 
         let requestID = RequestIDGenerator.shared.next()
         let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
-        let host = backend.host.contains(":") ? "[\(backend.host)]" : backend.host
-        let headers = policy.outboundHeaders(
+        var headers = fast.policy.outboundHeaders(
             from: head, connectionTokens: admission.connectionTokens, identity: identity,
             authorization: sealed && route.authorization == .passthrough ? token : nil,
-            host: backend.port == 80 ? host : "\(host):\(backend.port)", forwarding: relay.forwarding,
-            remoteAddress: remoteAddress, requestID: requestID, clientRequestID: clientRequestID)
+            host: fast.hostHeader, forwarding: relay.forwarding,
+            peer: memo.peer(remoteAddress, forwarding: relay.forwarding), requestID: requestID, clientRequestID: clientRequestID)
+        if bodyLength > 0 || Self.announcesEmptyBody(request.method) {
+            headers.add(name: "Content-Length", value: String(bodyLength))
+        }
         let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
-        return FastRelayPlan(route: route, backend: backend, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
-                             isHead: request.method == .HEAD, path: path)
+        return FastRelayPlan(target: fast, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
+                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path)
+    }
+
+    /// A body on GET, HEAD or OPTIONS goes the general way: backends that ignore such a body
+    /// would read it from a pooled connection as the next request (a desync the fast path's
+    /// shared connections must never carry).
+    private static func mayCarryBody(_ method: HTTPMethod) -> Bool {
+        switch method {
+        case .GET, .HEAD, .OPTIONS: false
+        default: true
+        }
+    }
+
+    /// Methods whose empty body is announced with `Content-Length: 0` (RFC 9110 §8.6: a request
+    /// with a method that defines a body's meaning); NIO's encoder would otherwise add
+    /// `Transfer-Encoding: chunked` to them.
+    private static func announcesEmptyBody(_ method: HTTPMethod) -> Bool {
+        switch method {
+        case .POST, .PUT, .PATCH: true
+        default: false
+        }
+    }
+}
+
+/// What a connection's fast path keeps from one request to the next. A connection usually
+/// carries one app's requests, with one token, from one peer: the next request skips hashing
+/// the token (twice for a sealed one) and formatting the forwarding headers.
+struct ConnectionMemo {
+    var sealed: SealedMemo?
+    /// The identity-cache key of the last token looked up, and for which token and upstream.
+    private var lastKey: (token: String, upstream: String, key: TokenKey)?
+    private var lastPeer: RelayForwarding.Peer?
+
+    mutating func key(of token: String, upstream: String) -> TokenKey {
+        // Compared byte for byte: `==` on strings is Unicode equivalence ("K" == "\u{212A}").
+        if let lastKey, lastKey.token.utf8.elementsEqual(token.utf8), lastKey.upstream == upstream { return lastKey.key }
+        let key = TokenKey(token: token, upstream: upstream)
+        lastKey = (token, upstream, key)
+        return key
+    }
+
+    mutating func peer(_ remoteAddress: String?, forwarding: RelayForwarding) -> RelayForwarding.Peer {
+        if let lastPeer, lastPeer.remoteAddress == remoteAddress { return lastPeer }
+        let peer = forwarding.peer(remoteAddress)
+        lastPeer = peer
+        return peer
+    }
+}
+
+/// The last sealed token a connection relayed and the session view it stood for, kept by the
+/// connection's fast path: a connection usually carries one app's token, and its next request
+/// then skips hashing the token and the session cache's lock. The copy is used only while the
+/// cache entry it came from would be (its `until`) and while nothing was dropped from or
+/// replaced in that cache since (a revocation, a refresh): then the cache is asked again.
+struct SealedMemo {
+    let token: String
+    let view: SessionServices.SessionView
+    let until: Date
+    let generation: UInt64
+    let cache: ObjectIdentifier
+
+    /// The view of the sealed `token`: from `memo` when it still holds, else from `cache`
+    /// (and `memo` now keeps it); `nil` when the cache has no view of the token.
+    static func view(of token: String, in cache: SessionViewCache, now: Date, memo: inout SealedMemo?) -> SessionServices.SessionView? {
+        if let kept = memo, kept.until > now, kept.token.utf8.elementsEqual(token.utf8), kept.cache == ObjectIdentifier(cache),
+           kept.generation == cache.generation {
+            return kept.view
+        }
+        let generation = cache.generation  // before the read: a change after it makes the copy stale
+        guard let (view, until) = cache.entry(SecureToken.hash(token), now: now) else {
+            memo = nil
+            return nil
+        }
+        memo = SealedMemo(token: token, view: view, until: until, generation: generation, cache: ObjectIdentifier(cache))
+        return view
     }
 }
 

@@ -32,8 +32,8 @@ final class ReloadablePlanner: FastRelayPlanning, Sendable {
         self.planner.withLock { $0 = planner }
     }
 
-    func plan(_ request: HTTPRequestHead, remoteAddress: String?) -> FastRelayPlan? {
-        planner.withLock { $0 }?.plan(request, remoteAddress: remoteAddress)
+    func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan? {
+        planner.withLock { $0 }?.plan(request, remoteAddress: remoteAddress, memo: &memo)
     }
 }
 

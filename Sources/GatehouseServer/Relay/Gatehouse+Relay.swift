@@ -8,6 +8,7 @@ import HTTPTypes
 import Logging
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 import ServiceContextModule
 import Tracing
 
@@ -120,9 +121,10 @@ extension Gatehouse {
             }
             var outbound = HTTPClientRequest(url: url)
             outbound.method = HTTPMethod(rawValue: request.method.rawValue)
+            outbound.tlsConfiguration = relay.backendTLS[route.prefix]?.configuration
             outbound.headers = policy.outboundHeaders(from: head, connectionTokens: admission.connectionTokens, identity: identity,
                                                       authorization: authorization, host: nil, forwarding: relay.forwarding,
-                                                      remoteAddress: context.remoteAddress, requestID: context.requestID,
+                                                      peer: relay.forwarding.peer(context.remoteAddress), requestID: context.requestID,
                                                       clientRequestID: context.clientRequestID)
             if admission.expectsContinue { await context.sendContinue() }
             try await attachBody(admission.body, of: request, to: &outbound, route: route)

@@ -3,6 +3,9 @@ public import GatehouseCore
 public import GatehouseRelay
 import NIOCore
 import NIOHTTP1
+import NIOSSL
+import Crypto
+import Foundation
 
 /// What the resource relay needs beside the configuration: the identity cache, one resolver
 /// per upstream with an identity service, the HTTP client toward backends and, for routes
@@ -17,6 +20,8 @@ public struct RelayServices: Sendable {
     /// Each route's backend and header policy, by prefix, built once.
     let backends: [String: RouteBackend]
     let policies: [String: RelayHeaderPolicy]
+    /// Each https route's TLS toward its backend, by prefix (both paths use it).
+    let backendTLS: [String: BackendTLS]
 
     public init(configuration: GatehouseConfiguration, cache: IdentityCache, resolvers: [String: any IdentityResolver],
                 backendClient: HTTPClient, signer: AssertionSigner?) {
@@ -29,12 +34,16 @@ public struct RelayServices: Sendable {
         self.forwarding = RelayForwarding(publicBaseURL: configuration.server.publicBaseURL)
         var backends: [String: RouteBackend] = [:]
         var policies: [String: RelayHeaderPolicy] = [:]
+        var backendTLS: [String: BackendTLS] = [:]
         for route in configuration.routes {
-            backends[route.prefix] = RouteBackend(url: route.backend)
+            let backend = RouteBackend(url: route.backend)
+            backends[route.prefix] = backend
             policies[route.prefix] = RelayHeaderPolicy(route: route, allIdentityHeaders: identityHeaderNames)
+            if let backend, backend.isTLS { backendTLS[route.prefix] = BackendTLS(route: route, backend: backend) }
         }
         self.backends = backends
         self.policies = policies
+        self.backendTLS = backendTLS
     }
 
     /// The HTTP client toward backends: a large keep-alive pool, no redirects, no decompression,
@@ -51,5 +60,43 @@ public struct RelayServices: Sendable {
         let longest = configuration.routes.map(\.timeout).max() ?? .seconds(30)
         settings.timeout.read = .seconds(longest.components.seconds + 1)
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
+    }
+}
+
+/// TLS toward one route's https backend: the certificate is checked against the system's roots,
+/// or against `backend_ca_file`'s certificates only, and must name the URL's host (or, for an IP
+/// address, that address). `context` is the fast path's (one per route, shared by its pooled
+/// connections); the general path hands `configuration` to AsyncHTTPClient.
+struct BackendTLS: Sendable {
+    let configuration: TLSConfiguration
+    /// `nil` when the trust roots cannot be loaded: the fast path then leaves the route to the
+    /// general path, whose client fails the same way (502).
+    let context: NIOSSLContext?
+    /// The name sent as SNI and checked against the certificate; `nil` for an IP address,
+    /// checked against the connection's remote address instead.
+    let serverHostname: String?
+    /// The fast path's pool key: connections made with this route's trust roots only.
+    let poolKey: String
+
+    init(route: RouteSettings, backend: RouteBackend) {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        if let pem = route.backendTrustRootsPEM {
+            let certificates = (try? NIOSSLCertificate.fromPEMBytes(Array(pem.utf8))) ?? []
+            configuration.trustRoots = .certificates(certificates)
+        }
+        self.configuration = configuration
+        self.context = try? NIOSSLContext(configuration: configuration)
+        let isAddress = (try? SocketAddress(ipAddress: backend.host, port: backend.port)) != nil
+        self.serverHostname = isAddress ? nil : backend.host
+        // Connections checked against other roots are never shared: a reload that changes a
+        // route's certificates starts new connections (routes with the same file share them).
+        self.poolKey = "https://\(backend.key)" + (route.backendTrustRootsPEM.map { " " + SHA256.hash(data: Data($0.utf8)).hexPrefix } ?? "")
+    }
+}
+
+extension SHA256.Digest {
+    /// The first 16 hex digits: enough to tell two certificate files apart in a pool key.
+    fileprivate var hexPrefix: String {
+        prefix(8).map { String(format: "%02x", $0) }.joined()
     }
 }

@@ -296,11 +296,26 @@ final class SessionViewCache: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Moves whenever a cached view is dropped or replaced: a copy kept outside the cache (the
+    /// fast path's per-connection `SealedMemo`) is good only while this has not moved.
+    private let changes = Atomic<UInt64>(0)
     private let capacity = 100_000
+
+    /// The current value of the change counter (read it before `get`, to keep what `get` gave).
+    var generation: UInt64 { changes.load(ordering: .acquiring) }
+
+    private func changed() {
+        changes.wrappingAdd(1, ordering: .releasing)
+    }
     /// The longest an entry lives, and so how long a revoked session is refused a place.
     static let entryLifetime: TimeInterval = 10
 
     func get(_ hash: String, now: Date) -> SessionServices.SessionView? {
+        entry(hash, now: now)?.view
+    }
+
+    /// The cached view and until when it may be used.
+    func entry(_ hash: String, now: Date) -> (view: SessionServices.SessionView, until: Date)? {
         state.withLock { state in
             guard let entry = state.entries[hash] else { return nil }
             guard entry.until > now else {
@@ -308,7 +323,7 @@ final class SessionViewCache: Sendable {
                 state.bySession[entry.view.sessionID]?.remove(hash)
                 return nil
             }
-            return entry.view
+            return (entry.view, entry.until)
         }
     }
 
@@ -318,7 +333,9 @@ final class SessionViewCache: Sendable {
             if state.entries.count >= capacity {
                 state.entries.removeAll(keepingCapacity: true)
                 state.bySession.removeAll(keepingCapacity: true)
+                changed()
             }
+            if state.entries[hash] != nil { changed() }
             state.entries[hash] = Entry(view: view, until: until)
             state.bySession[view.sessionID, default: []].insert(hash)
         }
@@ -328,6 +345,7 @@ final class SessionViewCache: Sendable {
     func dropSession(_ sessionID: String, revoked: Bool = true, now: Date = Date()) {
         state.withLock { state in
             for hash in state.bySession.removeValue(forKey: sessionID) ?? [] { state.entries[hash] = nil }
+            changed()
             guard revoked else { return }
             state.revoked = state.revoked.filter { now.timeIntervalSince($0.value) < Self.entryLifetime }
             state.revoked[sessionID] = now
