@@ -311,14 +311,19 @@ def upstream(workdir, gatehouse_port, seen):
         log.close()
 
 
+def loopback_listener():
+    """(listening socket, port): a fresh socket on 127.0.0.1, on a free port, backlog 64."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    return listener, listener.getsockname()[1]
+
+
 class SilentServer:
     """Accepts connections and never answers: an upstream slower than any timeout."""
 
     def __init__(self):
-        self.socket = socket.socket()
-        self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(64)
-        self.port = self.socket.getsockname()[1]
+        self.socket, self.port = loopback_listener()
         self.held = []
         threading.Thread(target=self.accept, daemon=True).start()
 
@@ -368,10 +373,7 @@ class DroppingBackend:
     is recorded, so a request relayed twice is seen twice (`deliveries(target)`)."""
 
     def __init__(self):
-        self.socket = socket.socket()
-        self.socket.bind(("127.0.0.1", 0))
-        self.socket.listen(64)
-        self.port = self.socket.getsockname()[1]
+        self.socket, self.port = loopback_listener()
         self.url = f"http://127.0.0.1:{self.port}"
         self.condition = threading.Condition()
         self.received = []  # {"method", "target", "body_bytes", "body_sha256", "nth", "answered"}
