@@ -118,10 +118,11 @@ struct TelemetryCountTests {
     /// counts as relayed on the fast path.
     @Test func aFastExchangeIsCountedLikeARequest() throws {
         let metrics = TestMetrics()
-        let route = RelayRouteMetrics(route: "/api/*", factory: metrics)
-        route.record(isHead: false, status: 200, nanoseconds: 1_500_000)
-        route.record(isHead: false, status: 504, nanoseconds: 2_000_000)
-        route.record(isHead: true, status: 404, nanoseconds: 500_000)
+        let route = RelayRouteMetrics(route: "/api/*", methods: ["GET", "HEAD", "POST"], factory: metrics)
+        route.record(method: "GET", status: 200, nanoseconds: 1_500_000)
+        route.record(method: "GET", status: 504, nanoseconds: 2_000_000)
+        route.record(method: "HEAD", status: 404, nanoseconds: 500_000)
+        route.record(method: "POST", status: 201, nanoseconds: 700_000)
         func requests(_ method: String, _ statusClass: String) throws -> Int64 {
             try metrics.expectCounter(GatehouseMetrics.requestsTotal,
                                       [("route", "/api/*"), ("method", method), ("status_class", statusClass)]).totalValue
@@ -130,8 +131,10 @@ struct TelemetryCountTests {
         #expect(try requests("GET", "5xx") == 1)
         #expect(try requests("HEAD", "4xx") == 1)
         #expect(try requests("GET", "4xx") == 0)
-        #expect(try metrics.expectCounter(GatehouseMetrics.relayRequestsTotal, [("route", "/api/*"), ("path", "fast")]).totalValue == 3)
-        #expect(try metrics.expectTimer(GatehouseMetrics.requestDuration, [("route", "/api/*")]).values == [1_500_000, 2_000_000, 500_000])
+        #expect(try requests("POST", "2xx") == 1, "a fast POST (issue 12) was counted as another method")
+        #expect(try requests("GET", "2xx") == 1)
+        #expect(try metrics.expectCounter(GatehouseMetrics.relayRequestsTotal, [("route", "/api/*"), ("path", "fast")]).totalValue == 4)
+        #expect(try metrics.expectTimer(GatehouseMetrics.requestDuration, [("route", "/api/*")]).values == [1_500_000, 2_000_000, 500_000, 700_000])
     }
 }
 

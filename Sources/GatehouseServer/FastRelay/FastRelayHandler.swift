@@ -469,7 +469,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     @discardableResult
     private func count(_ exchange: Exchange, status: UInt) -> Int64 {
         let nanoseconds = (NIODeadline.now() - exchange.started).nanoseconds
-        metrics(for: exchange.plan.target).record(isHead: exchange.plan.isHead, status: Int(status), nanoseconds: nanoseconds)
+        metrics(for: exchange.plan.target).record(method: exchange.plan.head.method.rawValue, status: Int(status), nanoseconds: nanoseconds)
         return nanoseconds
     }
 

@@ -47,10 +47,16 @@ enum StatusClass {
 /// The `method` label: the methods of RFC 9110 and PATCH by name, anything else `other`
 /// (a client choosing method tokens must not add series).
 enum MethodLabel {
-    private static let known: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"]
+    /// Every value of the label: the known methods, then `other`.
+    static let all = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "other"]
+
+    /// The position of `method`'s label in `all` (a few comparisons of short strings, no hashing).
+    static func index(of method: String) -> Int {
+        all.firstIndex(of: method) ?? all.count - 1
+    }
 
     static func of(_ method: String) -> String {
-        known.contains(method) ? method : "other"
+        all[index(of: method)]
     }
 }
 
@@ -86,9 +92,12 @@ enum RequestMetrics {
         }
     }
 
-    /// Everything the fast path counts for `route`, made once per route label.
+    /// Everything the fast path counts for `route`, made once per route label and set of methods.
     static func fastRelay(_ route: RouteSettings) -> RelayRouteMetrics {
-        routeBundles.handle(for: RouteLabel.of(route)) { RelayRouteMetrics(route: $0) }
+        let label = RouteLabel.of(route)
+        return routeBundles.handle(for: label + " " + route.methods.sorted().joined(separator: ",")) { _ in
+            RelayRouteMetrics(route: label, methods: route.methods)
+        }
     }
 
     /// Records one finished request of the general path.
@@ -103,29 +112,36 @@ enum RequestMetrics {
 /// increment per counter and a histogram record, with no lookup, lock of ours or allocation.
 final class RelayRouteMetrics: Sendable {
     let route: String
-    /// `gatehouse_http_requests_total{route, method=GET|HEAD, status_class}`, by status class.
-    private let get: [Counter]
-    private let head: [Counter]
+    /// `gatehouse_http_requests_total{route, method, status_class}` of the route's methods, by
+    /// `MethodLabel.index` then status class (`nil` for a method the route does not take).
+    private let requests: [[Counter]?]
     private let duration: Timer
     private let relayed: Counter
 
-    /// `factory`: where the handles come from; `nil`, the process's `MetricsSystem`.
-    init(route: String, factory: (any MetricsFactory)? = nil) {
+    /// `methods`: the route's (`routes[].methods`); `factory`: where the handles come from,
+    /// `nil`: the process's `MetricsSystem`.
+    init(route: String, methods: Set<String>, factory: (any MetricsFactory)? = nil) {
         self.route = route
         func counter(_ label: String, _ dimensions: [(String, String)]) -> Counter {
             factory.map { Counter(label: label, dimensions: dimensions, factory: $0) } ?? Counter(label: label, dimensions: dimensions)
         }
-        get = StatusClass.labels.map { counter(GatehouseMetrics.requestsTotal, [("route", route), ("method", "GET"), ("status_class", $0)]) }
-        head = StatusClass.labels.map { counter(GatehouseMetrics.requestsTotal, [("route", route), ("method", "HEAD"), ("status_class", $0)]) }
+        requests = MethodLabel.all.map { method in
+            guard methods.contains(method) else { return nil }
+            return StatusClass.labels.map { counter(GatehouseMetrics.requestsTotal, [("route", route), ("method", method), ("status_class", $0)]) }
+        }
         relayed = counter(GatehouseMetrics.relayRequestsTotal, [("route", route), ("path", "fast")])
         let durationDimensions = [("route", route)]
         duration = factory.map { Timer(label: GatehouseMetrics.requestDuration, dimensions: durationDimensions, factory: $0) }
             ?? Timer(label: GatehouseMetrics.requestDuration, dimensions: durationDimensions)
     }
 
-    /// One fast exchange, answered `status` after `nanoseconds`.
-    func record(isHead: Bool, status: Int, nanoseconds: Int64) {
-        (isHead ? head : get)[StatusClass.index(of: status)].increment()
+    /// One fast exchange of `method`, answered `status` after `nanoseconds`.
+    func record(method: String, status: Int, nanoseconds: Int64) {
+        if let byStatus = requests[MethodLabel.index(of: method)] {
+            byStatus[StatusClass.index(of: status)].increment()
+        } else {  // not one of the route's methods (admission refuses those): counted all the same
+            RequestMetrics.requests(route: route, method: method, status: status).increment()
+        }
         duration.recordNanoseconds(nanoseconds)
         relayed.increment()
     }
