@@ -311,29 +311,39 @@ def upstream(workdir, gatehouse_port, seen):
         log.close()
 
 
-def loopback_listener():
-    """(listening socket, port): a fresh socket on 127.0.0.1, on a free port, backlog 64."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    return listener, listener.getsockname()[1]
-
-
-class SilentServer:
-    """Accepts connections and never answers: an upstream slower than any timeout."""
+class LoopbackAcceptor:
+    """A socket listening on 127.0.0.1 on a free port (`socket`, `port`; backlog 64) whose accept
+    loop, in a daemon thread, hands every connection to `accepted(connection)`. A subclass sets
+    its own state before calling `__init__`. Closing `socket` ends the loop."""
 
     def __init__(self):
-        self.socket, self.port = loopback_listener()
-        self.held = []
-        threading.Thread(target=self.accept, daemon=True).start()
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.port = self.socket.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def accept(self):
+    def _accept(self):
         while True:
             try:
                 connection, _ = self.socket.accept()
             except OSError:
                 return
-            self.held.append(connection)
+            self.accepted(connection)
+
+    def accepted(self, connection):
+        raise NotImplementedError
+
+
+class SilentServer(LoopbackAcceptor):
+    """Accepts connections and never answers: an upstream slower than any timeout."""
+
+    def __init__(self):
+        self.held = []
+        super().__init__()
+
+    def accepted(self, connection):
+        self.held.append(connection)
 
     def stop(self):
         self.socket.close()
@@ -365,7 +375,7 @@ class GarbageServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-class DroppingBackend:
+class DroppingBackend(LoopbackAcceptor):
     """A backend that answers the first request of each connection (200, keep-alive, a JSON
     record of what it received, as EchoBackend's) and, on any later request of the same
     connection, reads it whole, records it and closes the connection without a word: a pooled
@@ -373,24 +383,18 @@ class DroppingBackend:
     is recorded, so a request relayed twice is seen twice (`deliveries(target)`)."""
 
     def __init__(self):
-        self.socket, self.port = loopback_listener()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.condition = threading.Condition()
         self.received = []  # {"method", "target", "body_bytes", "body_sha256", "nth", "answered"}
         self.connections = 0
         self.open = set()
-        threading.Thread(target=self.accept, daemon=True).start()
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
 
-    def accept(self):
-        while True:
-            try:
-                connection, _ = self.socket.accept()
-            except OSError:
-                return
-            with self.condition:
-                self.connections += 1
-                self.open.add(connection)
-            threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
+    def accepted(self, connection):
+        with self.condition:
+            self.connections += 1
+            self.open.add(connection)
+        threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
 
     @staticmethod
     def _read_request(connection, buffer):

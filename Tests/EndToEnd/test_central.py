@@ -220,9 +220,8 @@ routes:{central_route("/api/central", backend.url + "/central", APP)}
 @contextmanager
 def own_gatehouse(workdir, name, config):
     """A Gatehouse of a single test's (its log WORKDIR/NAME.log is scanned like every other)."""
-    port = int(re.search(r"\n  port: (\d+)", config).group(1))
     with run_gatehouse(workdir, name, config, dict(os.environ), log_level="debug") as gatehouse:
-        yield {**gatehouse, "url": f"http://127.0.0.1:{port}"}
+        yield gatehouse
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 shutdown and reload) share: Gatehouse processes of their own, their configuration, and two
 small doubles no package offers.
 
-    gateway(workdir, name, config, env, …)   a Gatehouse process (context manager): its stderr
-                                              followed (`lines`, a gatelog.LogFollower) and copied
-                                              to WORKDIR/NAME.log (NAME.json.log with JSON logs),
-                                              so the suite's log scan (test_zz) reads it
+    gateway(workdir, name, config, env, …)   a Gatehouse process (context manager):
+                                              tokenproxy.run_gatehouse, which every suite uses;
+                                              its stderr followed (`lines`) and copied to
+                                              WORKDIR/NAME.log, so the suite's log scan reads it
     gateway_config(…)                         the YAML of such a Gatehouse: the suite's real
                                               upstream (django-oauth-toolkit) for sign-ins, an
                                               IdentityDouble for relayed tokens, the echo backend
@@ -20,23 +20,18 @@ small doubles no package offers.
     parse_exposition(text)                    Prometheus text → {(name, frozenset(labels)): value}
 """
 
-import contextlib
 import json
 import re
 import secrets
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
 from backends import _Handler, _Server
-from gatelog import LogFollower
 from nativeapp import APP_REDIRECT, App
-from secretsrecord import stop
-from tokenproxy import gatehouse_binary, session_keys
+from tokenproxy import run_gatehouse, session_keys
 
 IDENTITY_PATH = "/json/UserManagement/GetPersonalInformation"
 
@@ -297,53 +292,8 @@ routes:{routes}
 
 # --------------------------------------------------------------------------- the process
 
-@contextlib.contextmanager
-def gateway(workdir, name, config, env, args=(), log_level="info", json_logs=False, extra_env=None,
-            ready_timeout=30):
-    """A Gatehouse process serving `config` (YAML text, written to WORKDIR/NAME.yaml); its stderr
-    is followed in `lines` and copied to WORKDIR/NAME.log (NAME.json.log when `json_logs`, which
-    also passes `--log-format json`). Yields {"url", "port", "process", "lines", "config", "log",
-    "name"}; the process is stopped afterwards unless it has exited already."""
-    binary = gatehouse_binary()
-    workdir = Path(workdir)
-    config_path = workdir / f"{name}.yaml"
-    config_path.write_text(config)
-    log_path = workdir / (f"{name}.json.log" if json_logs else f"{name}.log")
-    command = [str(binary), "serve", "--config", str(config_path), "--log-level", log_level, *args]
-    if json_logs:
-        command += ["--log-format", "json"]
-    port = int(re.search(r"^  port: (\d+)$", config, re.MULTILINE).group(1))
-    log = open(log_path, "w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
-                               env=dict(env, **(extra_env or {})))
-    lines = LogFollower()
-
-    def copy():
-        for line in iter(process.stderr.readline, ""):
-            log.write(line)
-            log.flush()
-            lines.feed(line)
-
-    reader = threading.Thread(target=copy, daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                lines.wait_for(r"gatehouse is ready", timeout=0.2)
-                break
-            except AssertionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    reader.join(2)
-                    raise RuntimeError(f"Gatehouse {name} did not become ready (exit status {process.poll()}):\n"
-                                       + "\n".join(lines.lines_since(0)[-25:])) from None
-        yield {"url": f"http://127.0.0.1:{port}", "port": port, "process": process, "lines": lines,
-               "config": config_path, "log": log_path, "name": name}
-    finally:
-        if process.poll() is None:
-            stop(process)
-        reader.join(5)
-        log.close()
+#: A Gatehouse process serving a YAML text, followed and logged: the launcher every suite uses.
+gateway = run_gatehouse
 
 
 def json_lines(lines):

@@ -21,6 +21,7 @@ when. Every token the target answered goes into the suite's `seen` secrets.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -270,33 +271,49 @@ store:
 
 
 @contextmanager
-def run_gatehouse(workdir, name, config, env, log_level="info"):
-    """A Gatehouse of its own from the YAML text `config`, written to WORKDIR/NAME.yaml, its log
-    to WORKDIR/NAME.log (the suite's log scan reads every *.log there) and followed in `lines`."""
+def run_gatehouse(workdir, name, config, env, log_level="info", args=(), json_logs=False, extra_env=None, ready_timeout=30):
+    """A Gatehouse of its own from the YAML text `config`, written to WORKDIR/NAME.yaml, its
+    stderr followed in `lines` and copied to WORKDIR/NAME.log (the suite's log scan reads every
+    *.log there; NAME.json.log when `json_logs`, which also passes `--log-format json`).
+    Yields {"url", "port", "process", "lines", "config", "log", "name", "binary"} once its ready
+    line is out; the process is stopped afterwards unless it has exited already."""
     binary = gatehouse_binary()
+    workdir = Path(workdir)
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(config)
-    log = open(workdir / f"{name}.log", "w")
-    process = subprocess.Popen([str(binary), "serve", "--config", str(config_path), "--log-level", log_level],
-                               stdout=log, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+    log_path = workdir / (f"{name}.json.log" if json_logs else f"{name}.log")
+    command = [str(binary), "serve", "--config", str(config_path), "--log-level", log_level, *args]
+    if json_logs:
+        command += ["--log-format", "json"]
+    port = int(re.search(r"^  port: (\d+)$", config, re.MULTILINE).group(1))
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
+                               env=dict(env, **(extra_env or {})))
     lines = LogFollower()
+
+    def copy():
+        for line in iter(process.stderr.readline, ""):
+            log.write(line)
+            log.flush()
+            lines.feed(line)
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
     try:
-        def copy():
-            for line in iter(process.stderr.readline, ""):
-                log.write(line)
-                log.flush()
-                lines.feed(line)
-        threading.Thread(target=copy, daemon=True).start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + ready_timeout
         while True:
             try:
-                lines.wait_for(r"gatehouse is ready", timeout=0.5)
+                lines.wait_for(r"gatehouse is ready", timeout=0.2)
                 break
             except AssertionError:
                 if process.poll() is not None or time.monotonic() > deadline:
+                    reader.join(2)
                     raise RuntimeError(f"Gatehouse {name} did not become ready (exit status {process.poll()}):\n"
-                                       + "\n".join(lines.lines_since(0)[-20:]))
-        yield {"process": process, "lines": lines, "config": config_path, "binary": binary, "log": workdir / f"{name}.log"}
+                                       + "\n".join(lines.lines_since(0)[-25:])) from None
+        yield {"url": f"http://127.0.0.1:{port}", "port": port, "process": process, "lines": lines,
+               "config": config_path, "log": log_path, "name": name, "binary": binary}
     finally:
-        stop(process)
+        if process.poll() is None:
+            stop(process)
+        reader.join(5)
         log.close()

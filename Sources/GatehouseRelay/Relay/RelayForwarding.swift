@@ -17,21 +17,20 @@ public struct RelayForwarding: Sendable {
     /// What the forwarding headers say about one peer: worked out once per connection by the
     /// fast path (a connection has one peer), per request by the general path.
     public struct Peer: Sendable {
+        /// Also `X-Forwarded-For`'s value; `nil` when unknown (no `X-Forwarded-For`).
         public let remoteAddress: String?
-        /// `X-Forwarded-For`'s value, `nil` when the peer's address is unknown.
-        let forwardedFor: String?
         /// `Forwarded`'s value.
         let forwarded: String
     }
 
     public func peer(_ remoteAddress: String?) -> Peer {
-        guard let remoteAddress else { return Peer(remoteAddress: nil, forwardedFor: nil, forwarded: "proto=\(proto);host=\"\(host)\"") }
+        guard let remoteAddress else { return Peer(remoteAddress: nil, forwarded: "proto=\(proto);host=\"\(host)\"") }
         let node = remoteAddress.contains(":") ? "\"[\(remoteAddress)]\"" : remoteAddress
-        return Peer(remoteAddress: remoteAddress, forwardedFor: remoteAddress, forwarded: "for=\(node);proto=\(proto);host=\"\(host)\"")
+        return Peer(remoteAddress: remoteAddress, forwarded: "for=\(node);proto=\(proto);host=\"\(host)\"")
     }
 
     public func add(to headers: inout HTTPHeaders, peer: Peer, requestID: String, clientRequestID: String?) {
-        if let forwardedFor = peer.forwardedFor { headers.add(name: "X-Forwarded-For", value: forwardedFor) }
+        if let remoteAddress = peer.remoteAddress { headers.add(name: "X-Forwarded-For", value: remoteAddress) }
         headers.add(name: "Forwarded", value: peer.forwarded)
         headers.add(name: "X-Forwarded-Proto", value: proto)
         headers.add(name: "X-Forwarded-Host", value: host)

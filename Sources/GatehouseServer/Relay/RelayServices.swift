@@ -4,8 +4,6 @@ public import GatehouseRelay
 import NIOCore
 import NIOHTTP1
 import NIOSSL
-import Crypto
-import Foundation
 
 /// What the resource relay needs beside the configuration: the identity cache, one resolver
 /// per upstream with an identity service, the HTTP client toward backends and, for routes
@@ -90,13 +88,6 @@ struct BackendTLS: Sendable {
         self.serverHostname = isAddress ? nil : backend.host
         // Connections checked against other roots are never shared: a reload that changes a
         // route's certificates starts new connections (routes with the same file share them).
-        self.poolKey = "https://\(backend.key)" + (route.backendTrustRootsPEM.map { " " + SHA256.hash(data: Data($0.utf8)).hexPrefix } ?? "")
-    }
-}
-
-extension SHA256.Digest {
-    /// The first 16 hex digits: enough to tell two certificate files apart in a pool key.
-    fileprivate var hexPrefix: String {
-        prefix(8).map { String(format: "%02x", $0) }.joined()
+        self.poolKey = "https://\(backend.key)" + (route.backendTrustRootsPEM.map { " " + SecureToken.hash($0).prefix(16) } ?? "")
     }
 }
