@@ -34,15 +34,30 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-service-context.git", exact: "1.5.1"),
         // OTLP/HTTP only: the gRPC exporter's packages are never built.
         .package(url: "https://github.com/swift-otel/swift-otel.git", exact: "1.6.0", traits: ["OTLPHTTP"]),
+        .package(url: "https://github.com/apple/swift-certificates.git", exact: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", exact: "1.7.4"),
     ],
     targets: [
         .target(
             name: "GatehouseCore",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            // Platform attestation of app instances (Apple App Attest, Google Play Integrity): pure
+            // verification, no I/O, independent of the rest of Gatehouse.
+            name: "GatehouseAttestation",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
             swiftSettings: upcoming
         ),
@@ -100,6 +115,7 @@ let package = Package(
                 "GatehouseStore",
                 "GatehouseUpstreams",
                 "GatehouseRelay",
+                "GatehouseAttestation",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -136,7 +152,22 @@ let package = Package(
         ),
         .testTarget(
             name: "GatehouseCoreTests",
-            dependencies: ["GatehouseCore", "GatehouseUpstreams"],
+            dependencies: [
+                "GatehouseCore", "GatehouseUpstreams",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseAttestationTests",
+            dependencies: [
+                "GatehouseAttestation",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+            ],
             swiftSettings: upcoming
         ),
         .testTarget(

@@ -8,6 +8,8 @@
 --   BENCH_METHOD        the request method (default GET)
 --   BENCH_BODY_FILE     the request body (sent with Content-Length; default none)
 --   BENCH_CONTENT_TYPE  the request body's Content-Type (default application/json)
+--   BENCH_PROOFS_FILE   one DPoP proof per line (the dpop target): each request carries the next
+--                       proof of its thread's share (BENCH_PROOF_THREADS threads; each proof once)
 --
 -- A checked response passes when its status is 200 and its body equals the fixture. At the end
 -- it prints one line the harness parses:
@@ -22,6 +24,7 @@ local threads = {}
 
 function setup(thread)
    table.insert(threads, thread)
+   thread:set("thread_index", #threads)
 end
 
 local function slurp(path)
@@ -45,7 +48,28 @@ function init(args)
       wrk.body = slurp(body_file)
       wrk.headers["Content-Type"] = os.getenv("BENCH_CONTENT_TYPE") or "application/json"
    end
-   -- No request() function: wrk builds the request once (wrk.format) and sends it as is.
+   -- No request() function unless proofs are sent: wrk builds the request once (wrk.format) and sends it as is.
+   if proofs then
+      local share, stride, line_number = {}, tonumber(os.getenv("BENCH_PROOF_THREADS") or "1"), 0
+      for line in io.lines(os.getenv("BENCH_PROOFS_FILE")) do
+         if line_number % stride == (thread_index or 1) - 1 then share[#share + 1] = line end
+         line_number = line_number + 1
+      end
+      proofs = share
+      request_headers = {}
+      for name, value in pairs(wrk.headers) do request_headers[name] = value end
+   end
+end
+
+-- The dpop target: a fresh proof on every request (a proof used twice is refused, as it must be).
+local proofs_file = os.getenv("BENCH_PROOFS_FILE")
+if proofs_file and proofs_file ~= "" then
+   proofs, used, request_headers = {}, 0, nil
+   function request()
+      used = used + 1
+      request_headers["DPoP"] = proofs[used] or proofs[#proofs]
+      return wrk.format(nil, nil, request_headers)
+   end
 end
 
 function response(status, headers, body)

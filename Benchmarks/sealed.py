@@ -46,12 +46,21 @@ def sign_in(args):
     if "code" not in received:
         print(f"sign-in: no code on the app's redirect: {sorted(received)}", file=sys.stderr)
         return 1
-    answer = app.redeem(received["code"])
+    headers = None
+    if args.dpop_key:
+        # A DPoP key (RFC 9449): the tokens are bound to it; the key is kept for `proofs`.
+        from dpop import Key  # noqa: E402
+        from cryptography.hazmat.primitives import serialization
+        key = Key("ES256")
+        Path(args.dpop_key).write_bytes(key.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                                  serialization.NoEncryption()))
+        headers = {"DPoP": key.proof("POST", args.url.rstrip("/") + "/oauth/token")}
+    answer = app.redeem(received["code"], headers=headers)
     if answer.status_code != 200:
         print(f"sign-in: the token endpoint answered {answer.status_code}: {answer.text[:300]}", file=sys.stderr)
         return 1
     access = answer.json().get("access_token", "")
-    if not access.startswith("gha_"):
+    if not access.startswith("ghd_" if args.dpop_key else "gha_"):
         print(f"sign-in: the access token is not a sealed Gatehouse token (starts {access[:4]!r})", file=sys.stderr)
         return 1
     fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -60,6 +69,30 @@ def sign_in(args):
     print(f"sign-in: alice signed in through {args.url}; sealed access token ({len(access)} characters) "
           f"expires in {answer.json().get('expires_in')} s")
     return 0
+
+
+def proofs(args):
+    """One DPoP proof per line for `--url` (GET) and `--token` by the key of `sign-in --dpop-key`,
+    each with its own jti: the dpop target's requests, each proof used once."""
+    sys.path.insert(0, str(ROOT / "Tests/Support"))
+    from dpop import Key  # noqa: E402
+    from cryptography.hazmat.primitives import serialization
+
+    key = Key("ES256")  # its jwk and signing replaced by the signed-in key's
+    key.private = serialization.load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    numbers = key.private.public_key().public_numbers()
+    key.jwk = {"kty": "EC", "crv": "P-256", "x": b64url(numbers.x.to_bytes(32, "big")), "y": b64url(numbers.y.to_bytes(32, "big"))}
+    started = time.monotonic()
+    with open(args.out, "w") as f:
+        for index in range(args.count):
+            f.write(key.proof("GET", args.url, access_token=args.token, jti=f"b{index:x}") + "\n")
+    print(f"proofs: {args.count:,} DPoP proofs made in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def b64url(data):
+    import base64
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def counts(url):
@@ -215,7 +248,16 @@ def main():
     p = sub.add_parser("sign-in")
     p.add_argument("url")
     p.add_argument("out")
+    p.add_argument("--dpop-key", help="bind the tokens to a new ES256 key, written (PEM) to this file")
     p.set_defaults(func=sign_in)
+
+    p = sub.add_parser("proofs")
+    p.add_argument("--key", required=True, help="the PEM key of sign-in --dpop-key")
+    p.add_argument("--token", required=True)
+    p.add_argument("--url", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=proofs)
 
     p = sub.add_parser("storm")
     p.add_argument("--url", action="append", required=True, help="an instance's base URL (give two)")

@@ -1,4 +1,5 @@
 public import Foundation
+import Crypto
 public import GatehouseCore
 public import GatehouseUpstreams
 public import Logging
@@ -28,6 +29,12 @@ public struct Gatehouse: Sendable {
     public let limits: RateLimiters
     /// Security events (sign-ins, refreshes, revocations …).
     public let audit: AuditLog
+    /// DPoP proof ids seen lately (RFC 9449 §11.1); the store keeps them for the other instances.
+    let dpopReplays: DPoPReplayCache
+    /// Server nonces for DPoP proofs, the same on every instance sharing the session key ring.
+    let dpopNonces: DPoPNonces
+    /// The SMTP relay of manual certification codes (`mail:`).
+    let mailer: (any Mailer)?
 
     /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
     /// buckets, magic-link counts, Apple tokens taken, refreshes in flight) carries over.
@@ -49,6 +56,11 @@ public struct Gatehouse: Sendable {
         self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
             (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
         }
+        self.mailer = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
+        self.dpopReplays = previous?.dpopReplays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
+        let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
+            .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
+        self.dpopNonces = previous?.dpopNonces ?? DPoPNonces(key: nonceKey, lifetime: configuration.dpop.proofLifetime.inSeconds * 2)
         // Its settings come from `sessions`, which a reload never changes.
         self.passthrough = previous?.passthrough ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit)
     }

@@ -28,6 +28,13 @@ public enum GatehouseApplication {
         "/oauth/logout": [.get],
         "/oauth/logout/callback": [.get],
         "/app/auth/callback": [.get],
+        "/oauth/register": [.post],
+        "/oauth/attestation/challenge": [.post],
+        "/oauth/attestation": [.post],
+        "/oauth/session_code": [.post],
+        "/session": [.get],
+        "/oauth/certify": [.post],
+        "/oauth/certify/allow": [.post],
     ]
 
     /// The router with every endpoint; in-process tests drive it directly.
@@ -54,6 +61,13 @@ public enum GatehouseApplication {
         router.get("/oauth/callback") { request, _ in await holder.current.callback(request) }
         router.post("/oauth/token") { request, _ in await holder.current.token(request) }
         router.post("/oauth/revoke") { request, _ in await holder.current.revoke(request) }
+        router.post("/oauth/register") { request, _ in await holder.current.register(request) }
+        router.post("/oauth/attestation/challenge") { request, _ in await holder.current.attestationChallenge(request) }
+        router.post("/oauth/attestation") { request, _ in await holder.current.attestation(request) }
+        router.post("/oauth/session_code") { request, _ in await holder.current.sessionCode(request) }
+        router.get("/session") { request, _ in await holder.current.openWebSession(request) }
+        router.post("/oauth/certify") { request, _ in await holder.current.certify(request) }
+        router.post("/oauth/certify/allow") { request, _ in await holder.current.certifyAllow(request) }
         router.get("/healthz") { _, _ in holder.current.health() }
         router.get("/readyz") { request, _ in
             // From SIGTERM on, load balancers are told to stop sending; requests are still served.

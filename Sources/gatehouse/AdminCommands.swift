@@ -124,7 +124,7 @@ struct Sessions: AsyncParsableCommand {
     }
 }
 
-private func loadForAdmin(_ config: String) throws -> (GatehouseConfiguration, Logger) {
+func loadForAdmin(_ config: String) throws -> (GatehouseConfiguration, Logger) {
     let configuration: GatehouseConfiguration
     do {
         configuration = try YAMLConfigurationLoader.load(path: config)

@@ -15,7 +15,7 @@ struct GatehouseCommand: AsyncParsableCommand {
         commandName: "gatehouse",
         abstract: "A backend-for-frontend OAuth gateway for native mobile apps.",
         version: "0.1.0",
-        subcommands: [Serve.self, CheckConfig.self, Keys.self, Sessions.self, BenchIdentityCache.self])
+        subcommands: [Serve.self, CheckConfig.self, Keys.self, Sessions.self, Instances.self, BenchIdentityCache.self])
 }
 
 struct Serve: AsyncParsableCommand {

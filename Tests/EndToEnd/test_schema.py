@@ -56,7 +56,10 @@ SEED = "20261123"
 #: issued: an unknown client_id at /oauth/authorize must get a 400 page, never a redirect (RFC 6749
 #: §4.1.2.1), and an unknown state at /oauth/callback too. A schema can say what such a value
 #: looks like, never that it exists (schemathesis makes the same exception by itself for the token
-#: endpoint of an OAuth 2.0 security scheme). Any other status on a schema-valid request fails.
+#: endpoint of an OAuth 2.0 security scheme). The same holds for the endpoints of app instances
+#: (`instances` tag): a registration's `software_id`, an instance's `client_id`, a challenge, a
+#: session code or a paused sign-in can be drawn well-formed, never registered or issued.
+#: Any other status on a schema-valid request fails.
 BROWSER_ENDPOINT_STATUSES = ["2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx"]
 
 #: /api/{rest} is one path for every route: the relay's operations go to /api/schema, the route
@@ -155,6 +158,10 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 
 [[operations]]
 include-operation-id = "logoutCallback"
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+
+[[operations]]
+include-tag = "instances"
 checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
 """, "--exclude-tag", "central", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     # The fuzzer must have reached the success paths it can draw. A revocation's 200 is not among

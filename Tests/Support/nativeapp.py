@@ -72,7 +72,7 @@ def token_kind(name, value):
     """The kind of a token an app received, for the secrets record."""
     if name == "id_token":
         return "upstream ID token"
-    if value.startswith("gha_"):
+    if value.startswith(("gha_", "ghd_")):  # bearer, or bound to a DPoP key
         return "Gatehouse access token"
     if value.startswith("ghr_"):
         return "Gatehouse refresh token"
@@ -180,9 +180,10 @@ class App:
             self._remember(received.get("state"), kind="Gatehouse state toward the upstream")
         return received
 
-    def token(self, **form):
+    def token(self, headers=None, **form):
+        """POSTs `form` to the token endpoint (`headers`: e.g. a DPoP proof)."""
         form.setdefault("client_id", self.client_id)
-        response = requests.post(f"{self.base}/oauth/token", data=form, timeout=30)
+        response = requests.post(f"{self.base}/oauth/token", data=form, headers=headers, timeout=30)
         if response.headers.get("Content-Type", "").startswith("application/json"):
             body = response.json()
             if isinstance(body, dict):
@@ -191,14 +192,14 @@ class App:
                         self._remember(body[name], kind=token_kind(name, body[name]))
         return response
 
-    def redeem(self, code, verifier="own", **extra):
+    def redeem(self, code, verifier="own", headers=None, **extra):
         self._remember(self.verifier, kind="app PKCE verifier")
         verifier = self.verifier if verifier == "own" else verifier
         form = {"grant_type": "authorization_code", "code": code, "redirect_uri": self.redirect_uri}
         if verifier is not None:
             form["code_verifier"] = verifier
         form.update(extra)
-        return self.token(**form)
+        return self.token(headers=headers, **form)
 
-    def refresh(self, refresh_token):
-        return self.token(grant_type="refresh_token", refresh_token=refresh_token)
+    def refresh(self, refresh_token, headers=None):
+        return self.token(headers=headers, grant_type="refresh_token", refresh_token=refresh_token)

@@ -51,7 +51,7 @@ extension GatehouseConfiguration {
         var clients: [String: AppClient] = [:]
         for item in top.list("clients", required: true) ?? [] {
             guard let map = reader.mapping(item.node, at: item.path),
-                  let client = decodeClient(map, upstreams: upstreams, names: upstreamNames) else { continue }
+                  let client = decodeClient(map, upstreams: upstreams, names: upstreamNames, secrets: secrets) else { continue }
             if clients[client.clientID] != nil {
                 reader.report(item.path + ".client_id", item.node, "'\(client.clientID)' is used by another client")
             }
@@ -93,10 +93,27 @@ extension GatehouseConfiguration {
                           + "add a sessions section with encryption_keys_file, or set token_exposure: passthrough")
         }
         let operations = decodeOperations(top)
+        let mail = top.mapping("mail").flatMap { decodeMail($0, secrets: secrets) }
+        let webviews = top.mapping("webviews").flatMap(decodeWebviews)
+        let dpop = top.mapping("dpop").map(decodeDPoP) ?? DPoPSettings()
+        for client in clients.values.sorted(by: { $0.clientID < $1.clientID }) where client.instances?.manualCertification == true {
+            if top.value("mail") == nil {
+                reader.report("mail", root, "is required: the client '\(client.clientID)' certifies instances by e-mailed code")
+            }
+        }
+        for route in routes where route.acceptSessionCookie {
+            if top.value("webviews") == nil {
+                reader.report("routes", root, "the route '\(route.prefix)' has accept_session_cookie: it needs a webviews section (where session cookies come from)")
+            }
+        }
         top.finish()
         guard let server, let store else { return nil }
-        return GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients,
-                                      routes: routes, identityCache: cache, sessions: sessions, operations: operations)
+        var configuration = GatehouseConfiguration(server: server, store: store, upstreams: upstreams, clients: clients,
+                                                   routes: routes, identityCache: cache, sessions: sessions, operations: operations)
+        configuration.mail = mail
+        configuration.webviews = webviews
+        configuration.dpop = dpop
+        return configuration
     }
 
     private static func decodeServer(_ map: MappingReader, secrets: SecretLookup) -> ServerSettings? {
@@ -213,8 +230,13 @@ extension GatehouseConfiguration {
             scopes: scopes, identity: identity, timeout: timeout ?? .seconds(10), refreshTokenPolicy: policy, profile: profile)
     }
 
-    private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>) -> AppClient? {
+    private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>,
+                                     secrets: SecretLookup) -> AppClient? {
         let clientID = map.string("client_id", required: true)
+        if let clientID, clientID.contains(InstanceID.separator) {
+            map.reader.report(map.childPath("client_id"), map.value("client_id"),
+                              "must not hold '\(InstanceID.separator)': it separates an app from its registered instances")
+        }
         let upstreamName = map.string("upstream", required: true)
         if let upstreamName, !names.contains(upstreamName) {
             map.reader.report(map.childPath("upstream"), map.value("upstream"), "names no upstream in 'upstreams'")
@@ -253,10 +275,31 @@ extension GatehouseConfiguration {
                                   "must be callback: the \(upstream.kind) provider returns the browser to Gatehouse")
             }
         }
+        let dpop = map.choice("dpop", default: DPoPPolicy.optional)
+        let instances = map.mapping("instances").flatMap { decodeInstances($0, secrets: secrets) }
+        if let instances {
+            if instances.manualCertification, wiring != .callback {
+                map.reader.report(map.childPath("instances.manual_certification"), map.value("instances"),
+                                  "needs wiring: callback (the sign-in pauses at Gatehouse's callback for the e-mailed code)")
+            }
+            if exposure != .sealed, dpop != .off, map.value("dpop") != nil {
+                map.reader.report(map.childPath("dpop"), map.value("dpop"), "needs token_exposure: sealed (Gatehouse binds its own tokens)")
+            }
+        } else if exposure != .sealed, map.value("dpop") != nil, dpop != .off {
+            map.reader.report(map.childPath("dpop"), map.value("dpop"), "needs token_exposure: sealed (Gatehouse binds its own tokens)")
+        }
         map.finish()
         guard let clientID, let upstreamName, let upstream = upstreams[upstreamName] else { return nil }
-        return AppClient(clientID: clientID, upstream: upstreamName, wiring: wiring, tokenExposure: exposure,
-                         redirectURIs: redirects, scopes: scopes ?? upstream.scopes, postLogoutRedirectURIs: postLogout)
+        var client = AppClient(clientID: clientID, upstream: upstreamName, wiring: wiring, tokenExposure: exposure,
+                               redirectURIs: redirects, scopes: scopes ?? upstream.scopes, postLogoutRedirectURIs: postLogout)
+        if upstream.profile.mintsTokens, dpop != .off, map.value("dpop") != nil {
+            map.reader.report(map.childPath("dpop"), map.value("dpop"),
+                              "must be off: the tokens Gatehouse mints for a \(upstream.kind) provider are not bound to a DPoP key yet")
+        }
+        // Passthrough apps get the upstream's own tokens: nothing of Gatehouse's to bind.
+        client.dpop = exposure == .sealed && !upstream.profile.mintsTokens ? dpop : .off
+        client.instances = instances
+        return client
     }
 
     private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> Secret? {

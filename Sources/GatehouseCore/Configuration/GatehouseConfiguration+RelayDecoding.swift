@@ -142,17 +142,20 @@ extension GatehouseConfiguration {
         let maximumBody = map.integer("max_body_bytes", in: 0...(1 << 40))
         let signIn = map.string("sign_in_client")
         let trustRoots = backendTrustRoots(map, backend: backend, secrets: secrets)
+        let acceptSessionCookie = map.bool("accept_session_cookie") ?? false
         if let signIn, clients[signIn] == nil {
             map.reader.report(map.childPath("sign_in_client"), map.value("sign_in_client"), "names no client in 'clients'")
         }
         map.finish()
         guard let prefix, let backend, let upstreamName else { return nil }
         let defaultClient = clients.values.filter { $0.upstream == upstreamName }.map(\.clientID).sorted()
-        return RouteSettings(
+        var route = RouteSettings(
             prefix: prefix, backend: backend.hasSuffix("/") ? String(backend.dropLast()) : backend, methods: methods,
             upstream: upstreamName, rule: rule, identityHeaders: headers, authorization: authorization,
             timeout: timeout ?? .seconds(30), maximumBodyBytes: maximumBody ?? 10 * 1024 * 1024,
             signInClientID: signIn ?? (defaultClient.count == 1 ? defaultClient[0] : nil), backendTrustRootsPEM: trustRoots)
+        route.acceptSessionCookie = acceptSessionCookie
+        return route
     }
 
     /// `backend_ca_file`: the PEM certificates an https backend is checked against instead of the

@@ -11,6 +11,12 @@ public struct GatehouseConfiguration: Sendable {
     public var sessions: SessionSettings?
     /// Metrics, traces, audit and rate limits.
     public var operations: OperationsSettings
+    /// The SMTP relay of manual certification codes.
+    public var mail: MailSettings?
+    /// Web sessions opened in webviews by session codes.
+    public var webviews: WebviewSettings?
+    /// How DPoP proofs are checked.
+    public var dpop: DPoPSettings = DPoPSettings()
 
     public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient],
                 routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings(),
@@ -270,6 +276,13 @@ public struct AppClient: Sendable {
     public var scopes: [String]
     /// Where `/oauth/logout` may send the browser back to (OpenID Connect RP-Initiated Logout §3).
     public var postLogoutRedirectURIs: [RedirectURI]
+    /// Whether the app's tokens are bound to its DPoP key.
+    public var dpop: DPoPPolicy = .optional
+    /// Present when each install registers itself as an instance (`POST /oauth/register`).
+    public var instances: InstanceSettings?
+
+    /// Whether this is a registered instance of the app rather than the app's own client id.
+    public var isInstance: Bool { InstanceID.split(clientID) != nil && instances != nil }
 
     public init(clientID: String, upstream: String, wiring: UpstreamWiring = .callback,
                 tokenExposure: TokenExposure = .sealed, redirectURIs: [RedirectURI], scopes: [String],

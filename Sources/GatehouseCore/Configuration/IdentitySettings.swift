@@ -111,6 +111,8 @@ public struct RouteSettings: Sendable {
     /// `backend_ca_file`'s content: the PEM certificates an https backend is checked against
     /// instead of the system's roots.
     public var backendTrustRootsPEM: String?
+    /// Whether the web-session cookie of `/session` authenticates a request (`accept_session_cookie`).
+    public var acceptSessionCookie: Bool = false
 
     public init(prefix: String, backend: String, methods: Set<String> = ["GET", "HEAD"], upstream: String,
                 rule: RouteRule = RouteRule(), identityHeaders: [(name: String, source: String)] = [],

@@ -15,6 +15,11 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
         case accessDenied = "access_denied"
         case serverError = "server_error"
         case temporarilyUnavailable = "temporarily_unavailable"
+        case invalidDPoPProof = "invalid_dpop_proof"
+        case useDPoPNonce = "use_dpop_nonce"
+        case invalidClientMetadata = "invalid_client_metadata"
+        case invalidRedirectURI = "invalid_redirect_uri"
+        case invalidAttestation = "invalid_attestation"
     }
 
     private let base: Base
@@ -26,6 +31,8 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public let retryAfter: Int?
     /// For a failed upstream exchange: whether the request may have reached the upstream.
     public private(set) var delivery: UpstreamDelivery = .notUpstream
+    /// The server nonce the app must put in its next DPoP proof (`DPoP-Nonce`, RFC 9449 §8).
+    public private(set) var dpopNonce: String?
 
     private init(_ base: Base, _ detail: String, status: Int, retryAfter: Int? = nil) {
         self.base = base
@@ -52,6 +59,22 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public static func unsupportedResponseType(_ detail: String) -> Self { .init(.unsupportedResponseType, detail, status: 400) }
     public static func invalidScope(_ detail: String) -> Self { .init(.invalidScope, detail, status: 400) }
     public static func accessDenied(_ detail: String) -> Self { .init(.accessDenied, detail, status: 403) }
+    /// The client may not use this grant: an uncertified instance of an app that requires attestation.
+    public static func unauthorizedClient(_ detail: String) -> Self { .init(.unauthorizedClient, detail, status: 400) }
+    /// A missing or wrong DPoP proof at the token endpoint (RFC 9449 §5).
+    public static func invalidDPoPProof(_ detail: String) -> Self { .init(.invalidDPoPProof, detail, status: 400) }
+    /// The proof lacks the server's current nonce; `nonce` goes in the `DPoP-Nonce` header (RFC 9449 §8).
+    public static func useDPoPNonce(nonce: String) -> Self {
+        var error = Self(.useDPoPNonce, "the DPoP proof must carry the nonce of the DPoP-Nonce header", status: 400)
+        error.dpopNonce = nonce
+        return error
+    }
+    /// Registration metadata Gatehouse will not accept (RFC 7591 §3.2.2).
+    public static func invalidClientMetadata(_ detail: String) -> Self { .init(.invalidClientMetadata, detail, status: 400) }
+    /// A registered redirect URI the app does not own (RFC 7591 §3.2.2).
+    public static func invalidRedirectURI(_ detail: String) -> Self { .init(.invalidRedirectURI, detail, status: 400) }
+    /// An App Attest or Play Integrity statement Gatehouse refused.
+    public static func invalidAttestation(_ detail: String) -> Self { .init(.invalidAttestation, detail, status: 400) }
     /// The upstream answered something Gatehouse cannot use: 502.
     public static func badUpstream(_ detail: String) -> Self { .init(.serverError, detail, status: 502) }
     /// Gatehouse itself failed (its store, its configuration): 500 is never used, 503 is.

@@ -36,4 +36,5 @@ public struct AuditLog: Sendable {
 /// The audit stream's events.
 public enum AuditEvent: String, Sendable, CaseIterable {
     case sign_in, refresh, reuse_detected, family_revoked, revoke, logout, admin_revocation, rate_limited
+    case instance_registered, instance_certified, instance_revoked, certification_locked, web_session
 }

@@ -20,10 +20,13 @@ public struct SessionRecord: Sendable, Equatable {
     /// through the record). A lease that ran out keeps its owner; one given up has none.
     public var leaseOwner: String?
     public var leaseUntil: Date?
+    /// The thumbprint of the DPoP key the session's tokens are bound to (RFC 9449 `cnf.jkt`).
+    public var dpopJKT: String?
 
     public init(id: String, clientID: String, upstream: String, subject: String?, keyID: String, sealedTokens: Data,
                 upstreamExpiresAt: Date?, version: Int = 1, createdAt: Date, expiresAt: Date, revokedAt: Date? = nil,
-                leaseOwner: String? = nil, leaseUntil: Date? = nil) {
+                leaseOwner: String? = nil, leaseUntil: Date? = nil, dpopJKT: String? = nil) {
+        self.dpopJKT = dpopJKT
         self.id = id
         self.clientID = clientID
         self.upstream = upstream

@@ -32,6 +32,8 @@ public protocol SessionStore: Sendable {
     func releaseRefreshLease(sessionID: String, owner: String) async throws
     func setSubject(_ subject: String, sessionID: String) async throws
     func sessions(subject: String?) async throws -> [SessionRecord]
+    /// Every session of one client id (an app, or a registered instance).
+    func sessions(clientID: String) async throws -> [SessionRecord]
     /// Live sessions sealed under another key than `activeKeyID`, for background re-encryption.
     func sessionsSealed(notUnder activeKeyID: String, limit: Int) async throws -> [SessionRecord]
 }

@@ -40,8 +40,16 @@ public struct RelayAdmission: Sendable {
     public let route: RouteSettings
     /// What the backend is sent as request target (`RelayTarget`).
     public let target: String
-    /// The bearer token of the `Authorization` header (an upstream token or a Gatehouse one).
+    /// The token of the `Authorization` header (an upstream token or a Gatehouse one), or of the
+    /// web-session cookie.
     public let bearer: String
+    /// How the token came: `Authorization: Bearer`, `Authorization: DPoP` (RFC 9449), or the
+    /// web-session cookie of a route with `accept_session_cookie`.
+    public let scheme: Scheme
+
+    public enum Scheme: Sendable, Equatable {
+        case bearer, dpop, cookie
+    }
     public let body: Body
     /// `Expect: 100-continue`: the app waits for `100 Continue` before sending its body.
     public let expectsContinue: Bool
@@ -50,7 +58,10 @@ public struct RelayAdmission: Sendable {
 
     /// Admits `head` on `route` (whose backend path, without trailing slash, is `backendPath`)
     /// or says why not, in the order an app can act on: method, target, framing, token.
-    public static func admit(_ head: some RelayRequestHead, route: RouteSettings, backendPath: String)
+    ///
+    /// `sessionCookie`: the web-session cookie's token, taken only when the request has no
+    /// `Authorization` at all (a route with `accept_session_cookie`).
+    public static func admit(_ head: some RelayRequestHead, route: RouteSettings, backendPath: String, sessionCookie: String? = nil)
         -> Result<RelayAdmission, RelayRefusal>
     {
         let method = head.methodName
@@ -82,11 +93,20 @@ public struct RelayAdmission: Sendable {
         case .failure(let problem): return .failure(.problem(problem))
         case .success(let expects): expectsContinue = expects && body != .none
         }
-        guard let bearer = bearerToken(head.values(of: .authorization)) else {
+        let authorization = head.values(of: .authorization)
+        let credential: (token: String, scheme: Scheme)
+        if let bearer = bearerToken(authorization) {
+            credential = (bearer, .bearer)
+        } else if let bound = token(authorization, scheme: "dpop ") {
+            credential = (bound, .dpop)
+        } else if authorization.isEmpty, let sessionCookie, isHeaderSafeToken(sessionCookie), sessionCookie.utf8.count <= 8192 {
+            credential = (sessionCookie, .cookie)
+        } else {
             return .failure(.signIn(detail: "The request carries no Bearer access token."))
         }
         let connection = head.values(of: .connection)
-        return .success(RelayAdmission(route: route, target: target, bearer: bearer, body: body, expectsContinue: expectsContinue,
+        return .success(RelayAdmission(route: route, target: target, bearer: credential.token, scheme: credential.scheme, body: body,
+                                       expectsContinue: expectsContinue,
                                        connectionTokens: connection.isEmpty ? [] : RelayHeaderPolicy.connectionTokens(connection)))
     }
 
@@ -104,10 +124,15 @@ public struct RelayAdmission: Sendable {
 
     /// The token of a single `Authorization: Bearer …` header (RFC 6750 §2.1); `nil` otherwise.
     public static func bearerToken(_ values: [String]) -> String? {
-        guard values.count == 1, let value = values.first?.utf8, value.count > 7 else { return nil }
-        let scheme = value.prefix(7)
-        guard scheme.elementsEqual("bearer ".utf8, by: { $0 | 0x20 == $1 }) else { return nil }
-        var token = value.dropFirst(7)
+        token(values, scheme: "bearer ")
+    }
+
+    /// The token of a single `Authorization` header of `scheme` (lower case, with its space); `nil` otherwise.
+    public static func token(_ values: [String], scheme: String) -> String? {
+        let length = scheme.utf8.count
+        guard values.count == 1, let value = values.first?.utf8, value.count > length else { return nil }
+        guard value.prefix(length).elementsEqual(scheme.utf8, by: { $0 | 0x20 == $1 }) else { return nil }
+        var token = value.dropFirst(length)
         while token.first == UInt8(ascii: " ") { token = token.dropFirst() }
         while token.last == UInt8(ascii: " ") { token = token.dropLast() }
         guard !token.isEmpty, token.count <= 8192, !token.contains(UInt8(ascii: " ")) else { return nil }

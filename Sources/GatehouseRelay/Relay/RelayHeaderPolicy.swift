@@ -21,6 +21,8 @@ public struct RelayHeaderPolicy: Sendable {
         "x-originating-ip", "x-remote-ip", "x-remote-addr", "x-host", "x-original-host",
         "x-http-method-override", "x-http-method", "x-method-override", "x-original-forwarded-for",
         "x-remote-user", "remote-user", "x-authenticated-user", "x-webauth-user",
+        // A DPoP proof is Gatehouse's to check and spend (RFC 9449): it never goes further.
+        "dpop",
     ]
     /// Any header whose name starts with one of these (`_` read as `-`) is dropped: the forwarding
     /// family, oauth2-proxy's identity headers, Envoy's internal ones.
@@ -54,6 +56,11 @@ public struct RelayHeaderPolicy: Sendable {
         head.forEachField { name, value in
             guard forwardsRequestHeader(name, connectionTokens: connectionTokens) else { return }
             if authorization != nil, Self.equalsIgnoringASCIICase(name, Self.authorizationBytes) { return }
+            if Self.equalsIgnoringASCIICase(name, Self.cookieBytes), value.contains(Self.sessionCookieName) {
+                // Gatehouse's web-session cookie authenticates the caller to Gatehouse only.
+                if let kept = Self.withoutSessionCookie(value) { headers.add(name: name, value: kept) }
+                return
+            }
             headers.add(name: name, value: value)
         }
         if let authorization { headers.add(name: "Authorization", value: "Bearer " + authorization) }
@@ -85,6 +92,30 @@ public struct RelayHeaderPolicy: Sendable {
     }
 
     private static let authorizationBytes = Array("authorization".utf8)
+    private static let cookieBytes = Array("cookie".utf8)
+    /// The web-session cookie of `/session` (`accept_session_cookie` routes).
+    public static let sessionCookieName = "__Host-gatehouse-session"
+
+    /// A `Cookie` header value without Gatehouse's web-session cookie; `nil` when nothing remains.
+    public static func withoutSessionCookie(_ value: String) -> String? {
+        let kept = value.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces) }
+            .filter { !$0.isEmpty && !$0.hasPrefix(sessionCookieName + "=") }
+        return kept.isEmpty ? nil : kept.joined(separator: "; ")
+    }
+
+    /// The value of Gatehouse's web-session cookie in `Cookie` header values; `nil` when absent or repeated.
+    public static func sessionCookie(in values: [String]) -> String? {
+        var found: String?
+        for value in values {
+            for pair in value.split(separator: ";") {
+                let trimmed = pair.trimmingCharacters(in: .whitespaces)
+                guard trimmed.hasPrefix(sessionCookieName + "=") else { continue }
+                guard found == nil else { return nil }
+                found = String(trimmed.dropFirst(sessionCookieName.count + 1))
+            }
+        }
+        return found.flatMap { $0.isEmpty ? nil : $0 }
+    }
 
     /// The fast path's answer head toward the app: the backend's headers without the hop-by-hop
     /// ones, those its `Connection` lists and its own `X-Request-Id`, then Gatehouse's request id.

@@ -126,6 +126,9 @@ final class FastRelayPlanner: Sendable {
         }
         var token = admission.bearer
         var sealed = false
+        // DPoP-bound tokens (a proof to check and spend) and web-session cookies (CSRF) go the general way.
+        guard admission.scheme == .bearer, !token.hasPrefix(SessionServices.boundAccessPrefix),
+              !token.hasPrefix(SessionServices.cookiePrefix) else { return nil }
         if token.hasPrefix(SessionServices.accessPrefix) {
             // Only a session opened moments ago by the general path, and not due for refresh.
             let now = Date()

@@ -34,7 +34,9 @@ struct RateLimitMiddleware: RouterMiddleware {
         var request = request
         let clientID: String?
         switch await Self.clientID(of: &request, path: path, limit: gatehouse.configuration.server.maximumBodyBytes) {
-        case .found(let found): clientID = found.flatMap { gatehouse.configuration.clients[$0] == nil ? nil : $0 }
+        case .found(let found):
+            // An instance counts against its app: instance ids are free to make up, buckets are not.
+            clientID = found.map { InstanceID.split($0)?.app ?? $0 }.flatMap { gatehouse.configuration.clients[$0] == nil ? nil : $0 }
         case .bodyTooLarge: return .problem(.payloadTooLarge(limit: gatehouse.configuration.server.maximumBodyBytes), for: request)
         }
         if let clientID, let wait = limiter.take(clientID) {

@@ -28,7 +28,8 @@ extension Gatehouse {
         guard resolver != nil || identitySettings.kind == .session else { return .problem(.notFound(), for: request) }
         let head = HummingbirdRelayHead(request: request)
         let admission: RelayAdmission
-        switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath) {
+        let sessionCookie = route.acceptSessionCookie ? RelayHeaderPolicy.sessionCookie(in: request.headers[values: .cookie]) : nil
+        switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath, sessionCookie: sessionCookie) {
         case .success(let admitted): admission = admitted
         case .failure(.signIn(let detail)): return signInAgain(request, route: route, detail: detail)
         case .failure(.problem(let problem, let allow)):
@@ -44,11 +45,16 @@ extension Gatehouse {
             // A Gatehouse refresh token is never a bearer token, and never leaves Gatehouse.
             return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
         }
-        if token.hasPrefix(SessionServices.accessPrefix) {
+        if let refusal = refusingCredential(admission, token: token, request: request, route: route) { return refusal }
+        if SessionServices.isAccessToken(token) {
             guard let sessions else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
             if let refused = refusingOverSessionLookupLimit(token: token, request: request, context: context) { return refused }
             switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
             case .fresh(let view) where view.upstream == route.upstream:
+                if token.hasPrefix(SessionServices.boundAccessPrefix),
+                   let refusal = await refusingBoundToken(request, token: token, scheme: admission.scheme, boundThumbprint: view.dpopJKT) {
+                    return refusal
+                }
                 upstreamToken = view.tokens.accessToken.reveal()
                 sealed = true
                 sealedView = view
@@ -220,6 +226,51 @@ extension Gatehouse {
     }
 
     /// 401 with `WWW-Authenticate: Bearer error="invalid_token"` and where to sign in again.
+    /// Each kind of token only through its own channel: a web-session token only in the cookie
+    /// (and, for a method that changes something, only from a page of Gatehouse or of
+    /// `webviews.origins`: CSRF), a DPoP-bound token only with `Authorization: DPoP`, and the
+    /// `DPoP` scheme only for a DPoP-bound token.
+    private func refusingCredential(_ admission: RelayAdmission, token: String, request: Request, route: RouteSettings) -> Response? {
+        switch admission.scheme {
+        case .cookie:
+            guard token.hasPrefix(SessionServices.cookiePrefix) else {
+                return signInAgain(request, route: route, detail: "The session cookie is invalid, expired or revoked.")
+            }
+            guard ["GET", "HEAD", "OPTIONS"].contains(request.method.rawValue) || isSameSite(request) else {
+                return .problem(.forbidden("A request with the session cookie that changes something must come from a page of this site (Origin)."),
+                                for: request)
+            }
+        case .dpop:
+            guard token.hasPrefix(SessionServices.boundAccessPrefix) else {
+                return dpopRefusal(request, error: "invalid_token", detail: "Only a DPoP-bound access token is sent with the DPoP scheme.")
+            }
+        case .bearer:
+            if token.hasPrefix(SessionServices.boundAccessPrefix) {
+                return dpopRefusal(request, error: "invalid_token",
+                                   detail: "The access token is bound to a DPoP key: send it as Authorization: DPoP with a proof.")
+            }
+            if token.hasPrefix(SessionServices.cookiePrefix) {
+                return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
+            }
+        }
+        return nil
+    }
+
+    /// CSRF: the request's `Origin` (or, without one, its `Referer`'s origin) is Gatehouse's own or one of `webviews.origins`.
+    private func isSameSite(_ request: Request) -> Bool {
+        let allowed = Set([GatehouseConfiguration.webOrigin(issuer) ?? issuer] + (configuration.webviews?.origins ?? []))
+        let origins = request.headers[values: .origin]
+        if !origins.isEmpty {
+            return origins.count == 1 && GatehouseConfiguration.webOrigin(origins[0]).map(allowed.contains) == true
+        }
+        guard let referer = request.headers[values: .referer].first, let components = URLComponents(string: referer) else { return false }
+        var origin = components
+        origin.path = ""
+        origin.query = nil
+        origin.fragment = nil
+        return origin.string.flatMap(GatehouseConfiguration.webOrigin).map(allowed.contains) == true
+    }
+
     private func signInAgain(_ request: Request, route: RouteSettings, detail: String) -> Response {
         let endpoint = issuer + "/oauth/authorize"
         let url = route.signInClientID.map {

@@ -23,6 +23,9 @@ extension Response {
         if error.status == 401 {
             response.headers[.wwwAuthenticate] = #"Basic realm="gatehouse""#
         }
+        if let nonce = error.dpopNonce {
+            response.headers[HTTPField.Name("DPoP-Nonce")!] = nonce
+        }
         return response
     }
 

@@ -13,7 +13,18 @@ extension Gatehouse {
         } catch {
             return .problem(.badRequest("The sign-in request is malformed: \(error.description)."), for: request)
         }
-        switch AuthorizationRequest.decide(parameters, clients: configuration.clients) {
+        // A registered instance is a client only while the store says it is live.
+        var clients = configuration.clients
+        var instance: InstanceRecord?
+        if let clientID = parameters["client_id"], let client = configuration.appClient(for: clientID), client.isInstance {
+            do {
+                instance = try await store.instance(id: clientID)
+            } catch {
+                return .problem(.storeUnavailable(), for: request)
+            }
+            if let instance, instance.isLive(at: now()) { clients[clientID] = client }
+        }
+        switch AuthorizationRequest.decide(parameters, clients: clients) {
         case .refuse(let problem):
             logger.info("authorize refused", metadata: ["code": .string(problem.code)])
             return .problem(problem, for: request)
@@ -21,12 +32,18 @@ extension Gatehouse {
             logger.info("authorize error sent to app", metadata: ["error": .string(error.code)])
             return .redirect(to: appRedirect(redirectURI, error: error, state: state))
         case .proceed(let authorization):
+            if let instance, let settings = clients[authorization.clientID]?.instances, settings.attestation == .required,
+               instance.certification == nil, !settings.manualCertification {
+                // Nothing could certify it on the way: spare the user a sign-in that gets no tokens.
+                return .redirect(to: appRedirect(authorization.redirectURI, error: .unauthorizedClient(
+                    "this app instance is not certified: attest it at /oauth/attestation first"), state: authorization.state))
+            }
             return await begin(authorization, request: request)
         }
     }
 
     private func begin(_ authorization: AuthorizationRequest, request: Request) async -> Response {
-        guard let client = configuration.clients[authorization.clientID],
+        guard let client = configuration.appClient(for: authorization.clientID),
               let upstream = upstreams[client.upstream] else {
             return .redirect(to: appRedirect(authorization.redirectURI,
                                              error: .badUpstream("the app's upstream is not configured"), state: authorization.state))

@@ -105,18 +105,23 @@ extension Gatehouse {
         let issued = IssuedCode(clientID: transaction.clientID, redirectURI: transaction.redirectURI,
                                 codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: grant.tokens?.json ?? Data("{}".utf8),
                                 userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
+        // An uncertified instance of an app that requires attestation waits here for an e-mailed code.
+        if let pause = await certificationPause(issued, appState: transaction.appState, request: request) { return pause }
+        return await redirectWithCode(issued, appState: transaction.appState)
+    }
+
+    /// Records a Gatehouse code for `issued` and sends the browser back to the app with it.
+    func redirectWithCode(_ issued: IssuedCode, appState: String) async -> Response {
         let gatehouseCode = SecureToken.generate()
         do {
             try await store.insertCode(sealed: try issued.sealed(with: gatehouseCode), codeHash: SecureToken.hash(gatehouseCode),
                                        expiresAt: expiry(after: configuration.server.codeLifetime))
         } catch {
             logger.error("store failed to record a code", metadata: ["error": .string(String(describing: type(of: error)))])
-            return .redirect(to: appRedirect(transaction.redirectURI, error: .serverError("Gatehouse could not record the sign-in"),
-                                             state: transaction.appState))
+            return .redirect(to: appRedirect(issued.redirectURI, error: .serverError("Gatehouse could not record the sign-in"), state: appState))
         }
-        logger.info("code issued to app", metadata: ["client_id": .string(transaction.clientID)])
-        return .redirect(to: RedirectURI.appending(
-            [("code", gatehouseCode), ("state", transaction.appState), ("iss", issuer)], to: transaction.redirectURI))
+        logger.info("code issued to app", metadata: ["client_id": .string(issued.clientID)])
+        return .redirect(to: RedirectURI.appending([("code", gatehouseCode), ("state", appState), ("iss", issuer)], to: issued.redirectURI))
     }
 
     /// On a redirect only `server_error` and `temporarily_unavailable` describe a failed exchange (RFC 6749 §4.1.2.1).

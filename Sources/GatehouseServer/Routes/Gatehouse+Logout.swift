@@ -17,7 +17,7 @@ extension Gatehouse {
         } catch {
             return .problem(.badRequest("The logout request is malformed: \(error.description)."), for: request)
         }
-        guard let clientID = parameters["client_id"], let client = configuration.clients[clientID],
+        guard let clientID = parameters["client_id"], let client = configuration.appClient(for: clientID),
               let upstream = upstreams[client.upstream] else {
             return .problem(.unknownClient("No app is registered with this client_id."), for: request)
         }

@@ -23,12 +23,17 @@ extension Gatehouse {
             userinfo_endpoint: issuer + "/userinfo",
             end_session_endpoint: issuer + "/oauth/logout",
             jwks_uri: publishedKeys.isEmpty ? nil : issuer + "/.well-known/jwks.json",
-            id_token_signing_alg_values_supported: signer == nil ? nil : ["ES256"])
+            id_token_signing_alg_values_supported: signer == nil ? nil : ["ES256"],
+            registration_endpoint: configuration.clients.values.contains { $0.instances != nil } ? issuer + "/oauth/register" : nil,
+            dpop_signing_alg_values_supported: configuration.clients.values.contains { $0.dpop != .off } ? Self.dpopAlgorithms : nil)
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "public, max-age=300"
         return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
     }
+
+    /// The DPoP proof algorithms Gatehouse verifies (RFC 9449 §5.1, and `algs` of its `WWW-Authenticate: DPoP`).
+    static let dpopAlgorithms = ["ES256", "RS256", "PS256", "EdDSA"]
 
     /// `GET /.well-known/jwks.json` (RFC 7517): Gatehouse's ES256 key (assertions toward backends,
     /// ID tokens) and the RS256 keys of the access tokens it mints for `central` upstreams.
@@ -85,6 +90,10 @@ struct AuthorizationServerMetadata: Encodable {
     let end_session_endpoint: String
     let jwks_uri: String?
     let id_token_signing_alg_values_supported: [String]?
+    /// RFC 7591: where app instances register, when an app has `instances`.
+    var registration_endpoint: String? = nil
+    /// RFC 9449 §5.1: the proof algorithms Gatehouse checks, when an app's tokens may be bound.
+    var dpop_signing_alg_values_supported: [String]? = nil
 }
 
 extension Response {

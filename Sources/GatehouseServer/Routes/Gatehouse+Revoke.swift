@@ -23,7 +23,7 @@ extension Gatehouse {
             return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
         }
         guard let token = form["token"] else { return .oauthError(.invalidRequest("token is required")) }
-        guard let clientID = form["client_id"], let client = configuration.clients[clientID] else {
+        guard let clientID = form["client_id"], let client = configuration.appClient(for: clientID) else {
             return .oauthError(.invalidClient("no app is registered with this client_id"))
         }
         if let sessions, centralUpstream(client.upstream) != nil {
@@ -38,7 +38,9 @@ extension Gatehouse {
                 return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
             }
             if let refused = await end(session, revokedBy: client, sessions: sessions) { return refused }
-        } else if let sessions, token.hasPrefix(SessionServices.accessPrefix) || token.hasPrefix(SessionServices.refreshPrefix) {
+        } else if SessionServices.isGatehouseToken(token) {
+            // Gatehouse's own token: never sent to an upstream, whatever happens.
+            guard let sessions else { return Self.revoked() }
             if let refused = await end(await sessionOf(token, sessions: sessions), revokedBy: client, sessions: sessions) { return refused }
         } else if let upstream = upstreams[client.upstream] {
             // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
@@ -85,7 +87,7 @@ extension Gatehouse {
 
     private func sessionOf(_ token: String, sessions: SessionServices) async -> SessionRecord? {
         let hash = SecureToken.hash(token)
-        if token.hasPrefix(SessionServices.accessPrefix) {
+        if SessionServices.isAccessToken(token) {
             return try? await sessions.store.session(forAccessTokenHash: hash, now: now())?.session
         }
         guard let record = try? await sessions.store.refreshToken(hash: hash) else { return nil }

@@ -25,11 +25,28 @@ extension Gatehouse {
                 throw .invalidRequest(error.description)
             }
             let tokenRequest = try TokenRequest.parse(form)
-            guard let client = configuration.clients[tokenRequest.clientID], let upstream = upstreams[client.upstream] else {
+            guard let client = configuration.appClient(for: tokenRequest.clientID), let upstream = upstreams[client.upstream] else {
                 throw .invalidClient("no app is registered with this client_id")
             }
-            let tokens = try await answer(tokenRequest, client: client, upstream: upstream)
-            logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName)])
+            // A proof is checked whenever the app may bind its tokens, or the instance its key.
+            let proof = client.dpop != .off || client.isInstance ? try await tokenEndpointProof(request, endpoint: "/oauth/token") : nil
+            if client.dpop == .required, proof == nil {
+                throw .invalidDPoPProof("this app's token requests carry a DPoP proof (RFC 9449)")
+            }
+            var instance: InstanceRecord?
+            if client.isInstance {
+                instance = try await liveInstance(client.clientID, proof: proof).0
+            }
+            if case .authorizationCode = tokenRequest, let instance, client.instances?.attestation == .required, instance.certification == nil {
+                throw .unauthorizedClient(client.instances?.manualCertification == true
+                    ? "this app instance is not certified: attest it at /oauth/attestation, or sign in again to certify it by e-mailed code"
+                    : "this app instance is not certified: attest it at /oauth/attestation first")
+            }
+            let binding = client.dpop == .off ? nil : proof?.thumbprint
+            let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding)
+            if let instance, let settings = client.instances { await touch(instance, settings: settings) }
+            logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName),
+                                                    "dpop": .stringConvertible(binding != nil)])
             return .oauthJSON(tokens)
         } catch {
             logger.info("token request refused", metadata: ["error": .string(error.code), "status": .stringConvertible(error.status)])
@@ -37,30 +54,33 @@ extension Gatehouse {
         }
     }
 
-    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
+    /// `binding`: the thumbprint of the request's verified DPoP proof, when the app's tokens may be bound.
+    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile, binding: String?)
+        async throws(OAuthError) -> Data
+    {
         switch request {
         case .authorizationCode(_, let code, let redirectURI, let codeVerifier, let state):
             switch client.wiring {
             case .callback:
                 let issued = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
                 return try await exposed(SignIn(tokens: issued.tokenResponse, userinfo: issued.userinfo, appNonce: issued.appNonce,
-                                                subject: issued.subject), to: client)
+                                                subject: issued.subject), to: client, binding: binding)
             case .relay:
                 guard let state else {
                     throw .invalidRequest("state is required: this app's upstream returns its code to the app (relay mode)")
                 }
                 let signIn = try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
                                                           codeVerifier: codeVerifier, upstream: upstream)
-                return try await exposed(signIn, to: client)
+                return try await exposed(signIn, to: client, binding: binding)
             }
         case .refreshToken(_, let refreshToken, let scope):
             if let central = upstream as? CentralUpstream {
                 return try await rotateCentralRefreshToken(refreshToken, clientID: client.clientID, upstream: central).oauthBody(now: now())
             }
             switch client.tokenExposure {
-            case .sealed: return try await rotateRefreshToken(refreshToken, client: client)
+            case .sealed: return try await rotateRefreshToken(refreshToken, client: client, binding: binding)
             case .passthrough:
-                guard !refreshToken.hasPrefix(SessionServices.refreshPrefix), !refreshToken.hasPrefix(SessionServices.accessPrefix) else {
+                guard !SessionServices.isGatehouseToken(refreshToken) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
                 let tokens = try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
@@ -81,7 +101,7 @@ extension Gatehouse {
     }
 
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
-    private func exposed(_ signIn: SignIn, to client: AppClient) async throws(OAuthError) -> Data {
+    private func exposed(_ signIn: SignIn, to client: AppClient, binding: String?) async throws(OAuthError) -> Data {
         if let central = centralUpstream(client.upstream) {
             // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
             guard let userinfo = signIn.userinfo, let user = try? JSONDecoder().decode(CentralUser.self, from: userinfo) else {
@@ -95,7 +115,7 @@ extension Gatehouse {
             await passthrough.bind(signIn.tokens, to: client)
             tokens = signIn.tokens
         case .sealed:
-            tokens = try await beginSession(client: client, signIn: signIn)
+            tokens = try await beginSession(client: client, signIn: signIn, dpopJKT: binding)
         }
         audit.record(.sign_in, clientID: client.clientID, subject: signIn.subject, metadata: [
             "upstream": .string(client.upstream), "token_exposure": .string(client.tokenExposure.rawValue),

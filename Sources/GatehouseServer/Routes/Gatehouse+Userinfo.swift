@@ -10,28 +10,62 @@ extension Gatehouse {
     /// the upstream gave at sign-in, verified, byte for byte as it gave them (for a signed userinfo,
     /// its payload). No upstream call: FranceConnect's access token is long dead by then.
     func userinfo(_ request: Request) async -> Response {
+        let view: SessionServices.SessionView
+        switch await appSession(request) {
+        case .success(let found): view = found
+        case .failure(let refusal): return refusal.response
+        }
+        guard let userinfo = view.userinfo else {
+            return .problem(.notFound("This sign-in's upstream gave no userinfo."), for: request)
+        }
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        headers[.cacheControl] = "no-store"
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: userinfo)))
+    }
+
+    /// A refusal of `appSession`, as the response to send.
+    struct AppTokenRefusal: Error {
+        let response: Response
+    }
+
+    /// The live sealed session of the app's own access token: `Authorization: Bearer gha_…`, or
+    /// `Authorization: DPoP ghd_…` with its proof (RFC 9449). Not refreshed: what was verified at
+    /// sign-in is read, nothing upstream.
+    func appSession(_ request: Request) async -> Result<SessionServices.SessionView, AppTokenRefusal> {
         let values = request.headers[values: .authorization]
-        // No Bearer credentials at all: a bare challenge (RFC 6750 §3.1); a Bearer token that is
-        // not a live Gatehouse access token: invalid_token.
-        guard values.count == 1, let value = values.first, value.count > 7, value.prefix(7).lowercased() == "bearer " else {
-            return Self.bearerChallenge(request, error: nil, detail: "A Gatehouse access token is required (Authorization: Bearer).")
+        let invalid = AppTokenRefusal(response: Self.bearerChallenge(request, error: "invalid_token",
+                                                                     detail: "The access token is invalid, expired or revoked."))
+        let token: String
+        let scheme: RelayAdmission.Scheme
+        if let bearer = RelayAdmission.bearerToken(values) {
+            guard bearer.hasPrefix(SessionServices.accessPrefix) || bearer.hasPrefix(SessionServices.boundAccessPrefix) else {
+                return .failure(invalid)
+            }
+            (token, scheme) = (bearer, .bearer)
+        } else if let bound = RelayAdmission.token(values, scheme: "dpop ") {
+            guard bound.hasPrefix(SessionServices.boundAccessPrefix) else {
+                return .failure(AppTokenRefusal(response: dpopRefusal(request, error: "invalid_token",
+                                                                      detail: "Only a DPoP-bound access token is sent with the DPoP scheme.")))
+            }
+            (token, scheme) = (bound, .dpop)
+        } else {
+            // No credentials at all: a bare challenge (RFC 6750 §3.1).
+            return .failure(AppTokenRefusal(response: Self.bearerChallenge(
+                request, error: nil, detail: "A Gatehouse access token is required (Authorization: Bearer).")))
         }
-        guard let token = RelayAdmission.bearerToken(values), let sessions, token.hasPrefix(SessionServices.accessPrefix) else {
-            return Self.bearerChallenge(request, error: "invalid_token", detail: "The access token is invalid, expired or revoked.")
-        }
+        guard let sessions else { return .failure(invalid) }
         switch await sessions.view(forGatehouseToken: token, refreshing: false, upstreams: upstreams) {
         case .fresh(let view):
-            guard let userinfo = view.userinfo else {
-                return .problem(.notFound("This sign-in's upstream gave no userinfo."), for: request)
+            if token.hasPrefix(SessionServices.boundAccessPrefix),
+               let refusal = await refusingBoundToken(request, token: token, scheme: scheme, boundThumbprint: view.dpopJKT) {
+                return .failure(AppTokenRefusal(response: refusal))
             }
-            var headers = HTTPFields()
-            headers[.contentType] = "application/json"
-            headers[.cacheControl] = "no-store"
-            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: userinfo)))
+            return .success(view)
         case .ended:
-            return Self.bearerChallenge(request, error: "invalid_token", detail: "The access token is invalid, expired or revoked.")
+            return .failure(invalid)
         case .unavailable:
-            return .unavailable(.storeUnavailable(), for: request)
+            return .failure(AppTokenRefusal(response: .unavailable(.storeUnavailable(), for: request)))
         }
     }
 

@@ -19,7 +19,10 @@ extension Gatehouse {
     /// Starts a sealed session from a completed sign-in: the upstream tokens (and the verified
     /// userinfo) are sealed in the store and the app gets Gatehouse's own pair, plus Gatehouse's
     /// own ID token when the upstream proved who signed in.
-    func beginSession(client: AppClient, signIn: SignIn) async throws(OAuthError) -> Data {
+    ///
+    /// `dpopJKT`: the thumbprint of the app's DPoP key; the session's tokens are then bound to it
+    /// (RFC 9449): a `ghd_` access token of type `DPoP`, and refreshes only with a proof by that key.
+    func beginSession(client: AppClient, signIn: SignIn, dpopJKT: String? = nil) async throws(OAuthError) -> Data {
         guard let sessions else { throw .serverError("sealed sessions are not configured") }
         let tokens = try UpstreamTokenResponse(body: signIn.tokens)
         let sessionID = SecureToken.generate()
@@ -35,13 +38,13 @@ extension Gatehouse {
             session = SessionRecord(
                 id: sessionID, clientID: client.clientID, upstream: client.upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
                 upstreamExpiresAt: tokens.expiresIn.map { now.addingTimeInterval(Double($0)) }, createdAt: now,
-                expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.inSeconds))
+                expiresAt: now.addingTimeInterval(sessions.settings.refreshTokenLifetime.inSeconds), dpopJKT: dpopJKT)
             try await sessions.store.insertSession(session)
         } catch {
             throw .serverError("Gatehouse could not record the session")
         }
         let scope = (try? JSONSerialization.jsonObject(with: signIn.tokens) as? [String: Any])?["scope"] as? String
-        var pair = try await issuePair(sessionID: sessionID, scope: scope, sessions: sessions)
+        var pair = try await issuePair(sessionID: sessionID, scope: scope, bound: dpopJKT != nil, sessions: sessions)
         if let subject {
             guard let signer, let handle = try? Self.sessionHandle(for: sessionID, keyRing: sessions.settings.keyRing),
                   let idToken = try? await signer.idToken(subject: subject, audience: client.clientID, sessionHandle: handle,
@@ -73,9 +76,10 @@ extension Gatehouse {
         return String(decoding: opened, as: UTF8.self)
     }
 
-    private func issuePair(sessionID: String, scope: String?, sessions: SessionServices) async throws(OAuthError) -> GatehousePair {
+    private func issuePair(sessionID: String, scope: String?, bound: Bool, sessions: SessionServices) async throws(OAuthError) -> GatehousePair {
         let pair = GatehousePair(
-            access_token: SessionServices.accessPrefix + SecureToken.generate(), token_type: "Bearer",
+            access_token: (bound ? SessionServices.boundAccessPrefix : SessionServices.accessPrefix) + SecureToken.generate(),
+            token_type: bound ? "DPoP" : "Bearer",
             expires_in: Int(sessions.settings.accessTokenLifetime.inSeconds),
             refresh_token: SessionServices.refreshPrefix + SecureToken.generate(), scope: scope)
         let now = self.now()
@@ -103,13 +107,20 @@ extension Gatehouse {
 
     /// `refresh_token` for a sealed client (RFC 9700 §4.14.2): rotate, replay within the grace
     /// window, or revoke the family on reuse.
-    func rotateRefreshToken(_ refreshToken: String, client: AppClient) async throws(OAuthError) -> Data {
+    ///
+    /// A session bound to a DPoP key (RFC 9449 §5: a public client's refresh tokens are bound
+    /// too) rotates only for a proof by that key (`binding`), and its new pair is bound again.
+    func rotateRefreshToken(_ refreshToken: String, client: AppClient, binding: String?) async throws(OAuthError) -> Data {
         guard let sessions, refreshToken.hasPrefix(SessionServices.refreshPrefix) else {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")
         }
         return try await rotateFamily(refreshToken: refreshToken, hash: SecureToken.hash(refreshToken), clientID: client.clientID,
                                       sessions: sessions) { session, _, _ throws(OAuthError) in
-            let pair = try await issuePair(sessionID: session.id, scope: nil, sessions: sessions)
+            if let bound = session.dpopJKT {
+                guard let binding else { throw .invalidDPoPProof("the refresh token is bound to a DPoP key: send a proof by it") }
+                guard binding == bound else { throw .invalidDPoPProof("the DPoP proof is not by the key the refresh token is bound to") }
+            }
+            let pair = try await issuePair(sessionID: session.id, scope: nil, bound: session.dpopJKT != nil, sessions: sessions)
             return RotationSuccessor(body: JSONCoding.encode(pair), accessHash: SecureToken.hash(pair.access_token),
                                      refreshHash: SecureToken.hash(pair.refresh_token))
         }

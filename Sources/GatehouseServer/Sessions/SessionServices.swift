@@ -11,6 +11,22 @@ public final class SessionServices: Sendable {
     /// Prefixes of Gatehouse's own tokens: the relay tells them from upstream tokens at a glance.
     static let accessPrefix = "gha_"
     static let refreshPrefix = "ghr_"
+    /// An access token bound to the app's DPoP key (RFC 9449): only `Authorization: DPoP` with a proof.
+    static let boundAccessPrefix = "ghd_"
+    /// The web-session cookie `/session` sets: only in the `__Host-gatehouse-session` cookie.
+    static let cookiePrefix = "ghc_"
+    /// The cookie that carries a web session (webviews, `/session`).
+    static let sessionCookieName = "__Host-gatehouse-session"
+
+    /// Whether `token` is one of Gatehouse's access tokens: bearer, DPoP-bound, or web-session cookie.
+    static func isAccessToken(_ token: String) -> Bool {
+        token.hasPrefix(accessPrefix) || token.hasPrefix(boundAccessPrefix) || token.hasPrefix(cookiePrefix)
+    }
+
+    /// Whether `token` is any of Gatehouse's own tokens (never to be sent to an upstream).
+    static func isGatehouseToken(_ token: String) -> Bool {
+        isAccessToken(token) || token.hasPrefix(refreshPrefix)
+    }
 
     public let store: any SessionStore & RevocationAnnouncer
     public let settings: SessionSettings
@@ -43,6 +59,8 @@ public final class SessionServices: Sendable {
         let upstreamExpiresAt: Date?
         /// The userinfo verified at sign-in, exactly as the upstream gave it (OpenID Connect upstreams).
         var userinfo: Data? = nil
+        /// The thumbprint of the DPoP key the session's tokens are bound to (RFC 9449 `cnf.jkt`).
+        var dpopJKT: String? = nil
     }
 
     /// The member of a session's sealed document that keeps the verified userinfo (as a string,
@@ -72,7 +90,7 @@ public final class SessionServices: Sendable {
         let userinfo = ((try? JSONSerialization.jsonObject(with: json)) as? [String: Any])?[Self.userinfoMember] as? String
         return SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID, version: session.version,
                            tokens: try UpstreamTokenResponse(body: json), upstreamExpiresAt: session.upstreamExpiresAt,
-                           userinfo: userinfo.map { Data($0.utf8) })
+                           userinfo: userinfo.map { Data($0.utf8) }, dpopJKT: session.dpopJKT)
     }
 
     /// Due within min(`upstream_refresh_skew`, half the token's lifetime) of its expiry (`RefreshSchedule`).
@@ -217,7 +235,8 @@ public final class SessionServices: Sendable {
         // 2. The upstream has spent the old refresh token: never ask it again; store the new pair.
         let expiresAt = fresh.expiresIn.map { now().addingTimeInterval(Double($0)) }
         let refreshed = SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID,
-                                    version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt, userinfo: view.userinfo)
+                                    version: session.version + 1, tokens: tokens, upstreamExpiresAt: expiresAt, userinfo: view.userinfo,
+                                    dpopJKT: view.dpopJKT)
         for attempt in 1...3 {
             if let written = try? await store.writeUpstreamTokens(sessionID: session.id, expectedVersion: session.version, keyID: keyID,
                                                                   sealed: sealed, upstreamExpiresAt: expiresAt) {

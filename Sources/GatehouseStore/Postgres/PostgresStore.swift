@@ -10,7 +10,8 @@ public import PostgresNIO
 ///
 /// Single use, rotation, leases and fencing are each one statement (`DELETE … RETURNING`,
 /// `UPDATE … WHERE … RETURNING`), atomic across every instance sharing the database.
-public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer {
+public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer, InstanceStore,
+    SingleUseStore, CertificationStore {
     public let client: PostgresClient
     let logger: Logger
     let telemetry: StoreTelemetry
@@ -94,6 +95,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             """,
             "CREATE INDEX passthrough_tokens_expiry ON passthrough_tokens (expires_at)",
         ],
+        instanceSchema,
     ]
 
     // MARK: Authorization state
@@ -125,7 +127,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func sweepExpired(now: Date) async throws -> Int {
         let cutoff = ms(now)
         var removed = 0
-        for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens", "passthrough_tokens"] {
+        for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens", "passthrough_tokens",
+                      "instances", "single_use", "certifications"] {
             removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
         }
         let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
@@ -147,14 +150,16 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func insertSession(_ session: SessionRecord) async throws {
         try await query(
             """
-            INSERT INTO sessions (id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at)
+            INSERT INTO sessions (id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at,
+                                  dpop_jkt)
             VALUES (\(session.id), \(session.clientID), \(session.upstream), \(session.subject), \(session.keyID), \(session.sealedTokens),
-                    \(session.upstreamExpiresAt.map(ms)), \(session.version), \(ms(session.createdAt)), \(ms(session.expiresAt)), \(session.revokedAt.map(ms)))
+                    \(session.upstreamExpiresAt.map(ms)), \(session.version), \(ms(session.createdAt)), \(ms(session.expiresAt)), \(session.revokedAt.map(ms)),
+                    \(session.dpopJKT))
             """, logger: logger)
     }
 
     private static let columns =
-        "s.id, s.client_id, s.upstream, s.subject, s.key_id, s.sealed_tokens, s.upstream_expires_at, s.version, s.created_at, s.expires_at, s.revoked_at, s.lease_owner, s.lease_until"
+        "s.id, s.client_id, s.upstream, s.subject, s.key_id, s.sealed_tokens, s.upstream_expires_at, s.version, s.created_at, s.expires_at, s.revoked_at, s.lease_owner, s.lease_until, s.dpop_jkt"
 
     public func session(id: String) async throws -> SessionRecord? {
         try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.id = $1", binds: binds(id))).first
@@ -166,8 +171,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
             """, binds: binds(hash, ms(now))), logger: logger)
         guard let row = rows.first else { return nil }
-        let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, Int).self)
-        return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12), Self.date(c.13))
+        let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, String?, Int).self)
+        return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13), Self.date(c.14))
     }
 
     public func insertAccessToken(hash: String, sessionID: String, expiresAt: Date) async throws {
@@ -254,6 +259,11 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             return try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.subject = $1 ORDER BY s.created_at", binds: binds(subject)))
         }
         return try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s ORDER BY s.created_at"))
+    }
+
+    public func sessions(clientID: String) async throws -> [SessionRecord] {
+        try await sessions(PostgresQuery(unsafeSQL: "SELECT \(Self.columns) FROM sessions s WHERE s.client_id = $1 ORDER BY s.created_at",
+                                         binds: binds(clientID)))
     }
 
     public func sessionsSealed(notUnder activeKeyID: String, limit: Int) async throws -> [SessionRecord] {
@@ -365,7 +375,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     /// last row): every query of the store but the migrations and the LISTEN passes here, counted
     /// and timed by `telemetry`.
     @discardableResult
-    private func query(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
+    func query(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
         let client = self.client
         return try await telemetry.measure {
             try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await client.query(query, logger: logger).collect() }
@@ -376,32 +386,32 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
         var result: [SessionRecord] = []
         let rows = try await query(statement, logger: logger)
         for row in rows {
-            let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?).self)
-            result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12))
+            let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, String?).self)
+            result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13))
         }
         return result
     }
 
     private static func session(_ id: String, _ client: String, _ upstream: String, _ subject: String?, _ keyID: String, _ sealed: Data,
                                 _ upstreamExpires: Int?, _ version: Int, _ created: Int, _ expires: Int, _ revoked: Int?,
-                                _ leaseOwner: String?, _ leaseUntil: Int?) -> SessionRecord {
+                                _ leaseOwner: String?, _ leaseUntil: Int?, _ dpopJKT: String?) -> SessionRecord {
         SessionRecord(id: id, clientID: client, upstream: upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
                       upstreamExpiresAt: upstreamExpires.map(date), version: version, createdAt: date(created), expiresAt: date(expires),
-                      revokedAt: revoked.map(date), leaseOwner: leaseOwner, leaseUntil: leaseUntil.map(date))
+                      revokedAt: revoked.map(date), leaseOwner: leaseOwner, leaseUntil: leaseUntil.map(date), dpopJKT: dpopJKT)
     }
 
     private func count(_ rows: [PostgresRow]) -> Int {
         rows.count
     }
 
-    private func binds(_ values: any PostgresEncodable...) -> PostgresBindings {
+    func binds(_ values: any PostgresEncodable...) -> PostgresBindings {
         var bindings = PostgresBindings()
         for value in values { try? bindings.append(value) }
         return bindings
     }
 
-    private func ms(_ date: Date) -> Int { Int((date.timeIntervalSince1970 * 1000).rounded(.down)) }
-    private static func date(_ milliseconds: Int) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
+    func ms(_ date: Date) -> Int { Int((date.timeIntervalSince1970 * 1000).rounded(.down)) }
+    static func date(_ milliseconds: Int) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
 }
 
 /// The database did not answer in time.

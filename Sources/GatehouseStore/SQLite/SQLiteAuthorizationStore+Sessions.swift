@@ -44,17 +44,17 @@ extension SQLiteAuthorizationStore: SessionStore {
     ]
 
     private static let sessionColumns =
-        "id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at"
+        "id, client_id, upstream, subject, key_id, sealed_tokens, upstream_expires_at, version, created_at, expires_at, revoked_at, dpop_jkt"
     /// What a read returns: the written columns and the refresh lease.
     private static let sessionReadColumns = sessionColumns + ", lease_owner, lease_until"
 
     public func insertSession(_ session: SessionRecord) async throws {
         _ = try await connection.query(
-            "INSERT INTO sessions (\(Self.sessionColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions (\(Self.sessionColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [.text(session.id), .text(session.clientID), .text(session.upstream), session.subject.map(SQLiteData.text) ?? .null,
              .text(session.keyID), .blob(ByteBuffer(bytes: session.sealedTokens)), Self.optionalTime(session.upstreamExpiresAt),
              .integer(session.version), .integer(Self.milliseconds(session.createdAt)), .integer(Self.milliseconds(session.expiresAt)),
-             Self.optionalTime(session.revokedAt)])
+             Self.optionalTime(session.revokedAt), session.dpopJKT.map(SQLiteData.text) ?? .null])
     }
 
     public func session(id: String) async throws -> SessionRecord? {
@@ -180,6 +180,11 @@ extension SQLiteAuthorizationStore: SessionStore {
         return rows.compactMap(Self.session)
     }
 
+    public func sessions(clientID: String) async throws -> [SessionRecord] {
+        try await connection.query("SELECT \(Self.sessionReadColumns) FROM sessions WHERE client_id = ? ORDER BY created_at",
+                                   [.text(clientID)]).compactMap(Self.session)
+    }
+
     private static func session(_ row: SQLiteRow) -> SessionRecord? {
         guard let id = row.column("id")?.string, let client = row.column("client_id")?.string,
               let upstream = row.column("upstream")?.string, let keyID = row.column("key_id")?.string,
@@ -190,10 +195,11 @@ extension SQLiteAuthorizationStore: SessionStore {
             id: id, clientID: client, upstream: upstream, subject: row.column("subject")?.string, keyID: keyID,
             sealedTokens: Data(sealed.readableBytesView), upstreamExpiresAt: row.column("upstream_expires_at")?.integer.map(date),
             version: version, createdAt: date(created), expiresAt: date(expires), revokedAt: row.column("revoked_at")?.integer.map(date),
-            leaseOwner: row.column("lease_owner")?.string, leaseUntil: row.column("lease_until")?.integer.map(date))
+            leaseOwner: row.column("lease_owner")?.string, leaseUntil: row.column("lease_until")?.integer.map(date),
+            dpopJKT: row.column("dpop_jkt")?.string)
     }
 
-    private static func optionalTime(_ date: Date?) -> SQLiteData {
+    static func optionalTime(_ date: Date?) -> SQLiteData {
         date.map { .integer(milliseconds($0)) } ?? .null
     }
 

@@ -42,7 +42,7 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
     }
 
     /// Versioned schema changes, applied in order at start. Append; never edit a released one.
-    static let migrations: [[String]] = [authorizationSchema, sessionSchema, passthroughSchema]
+    static let migrations: [[String]] = [authorizationSchema, sessionSchema, passthroughSchema, instanceSchema]
 
     static let authorizationSchema = [
         """
@@ -98,6 +98,9 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
         let access = try await connection.query("DELETE FROM access_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
         let refresh = try await connection.query("DELETE FROM refresh_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
         let passthrough = try await connection.query("DELETE FROM passthrough_tokens WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let instances = try await connection.query("DELETE FROM instances WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let singleUse = try await connection.query("DELETE FROM single_use WHERE expires_at <= ? RETURNING 1", [cutoff])
+        let certifications = try await connection.query("DELETE FROM certifications WHERE expires_at <= ? RETURNING 1", [cutoff])
         let sessions = try await connection.query("DELETE FROM sessions WHERE expires_at <= ? RETURNING id", [cutoff])
         for row in sessions {
             guard let id = row.column("id")?.string else { continue }
@@ -105,6 +108,7 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
             _ = try await connection.query("DELETE FROM access_tokens WHERE session_id = ?", [.text(id)])
         }
         return transactions.count + codes.count + access.count + refresh.count + passthrough.count + sessions.count
+            + instances.count + singleUse.count + certifications.count
     }
 
     public func checkHealth() async throws {

@@ -1,0 +1,145 @@
+public import Crypto
+import _CryptoExtras
+public import Foundation
+
+/// Why a DPoP proof was refused, in words safe to show the app. `useNonce`: the proof lacks the
+/// server's current nonce (RFC 9449 §8: answer `use_dpop_nonce` with a fresh one).
+public struct DPoPProofError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    public let useNonce: Bool
+
+    init(_ description: String, useNonce: Bool = false) {
+        self.description = description
+        self.useNonce = useNonce
+    }
+}
+
+/// A proof that passed every check but the `jti` replay check (the caller's: it needs a cache).
+public struct VerifiedDPoPProof: Sendable, Equatable {
+    /// The RFC 7638 thumbprint of the proof's key (base64url SHA-256): what tokens are bound to.
+    public let thumbprint: String
+    public let jti: String
+    public let issuedAt: Date
+}
+
+/// DPoP proofs (RFC 9449 §4): a JWT signed by the app's key, naming the request it goes with.
+public enum DPoPProof {
+    /// The algorithms Gatehouse verifies (never `none`, never a MAC).
+    public static let algorithms = ["ES256", "RS256", "PS256", "EdDSA"]
+    static let maximumLength = 8 * 1024
+
+    /// The checks of RFC 9449 §4.3, but the `jti` replay check: one well-formed JWT of type
+    /// `dpop+jwt`, an asymmetric `alg`, a public `jwk` that verifies the signature, `htm` =
+    /// `method`, `htu` = `url` (scheme and host case-insensitive, default port dropped, no query
+    /// or fragment), `iat` within `lifetime` of `now` either way, `ath` = the hash of
+    /// `accessToken` when one is presented, and a valid server nonce when `nonces` requires one.
+    public static func verify(_ proof: String, method: String, url: String, accessToken: String?, now: Date, lifetime: TimeInterval,
+                              nonces: DPoPNonces?) throws(DPoPProofError) -> VerifiedDPoPProof {
+        guard proof.utf8.count <= maximumLength else { throw DPoPProofError("the DPoP proof is too long") }
+        let parts = proof.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let headerBytes = Base64URL.decode(String(parts[0])), let payloadBytes = Base64URL.decode(String(parts[1])),
+              let signature = Base64URL.decode(String(parts[2])),
+              let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any],
+              let claims = (try? JSONSerialization.jsonObject(with: payloadBytes)) as? [String: Any]
+        else { throw DPoPProofError("the DPoP proof is not a JWT") }
+        guard header["typ"] as? String == "dpop+jwt" else { throw DPoPProofError("the DPoP proof's typ must be dpop+jwt") }
+        guard let alg = header["alg"] as? String, algorithms.contains(alg) else {
+            throw DPoPProofError("the DPoP proof's alg must be one of " + algorithms.joined(separator: ", "))
+        }
+        guard let jwk = header["jwk"] as? [String: Any] else { throw DPoPProofError("the DPoP proof carries no jwk") }
+        let privateMembers = ["d", "p", "q", "dp", "dq", "qi", "k", "oth"]
+        guard !jwk.keys.contains(where: privateMembers.contains) else { throw DPoPProofError("the DPoP proof's jwk holds a private key") }
+        let signingInput = Data(proof.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
+        try verifySignature(signature, of: signingInput, alg: alg, jwk: jwk)
+        guard let thumbprint = thumbprint(ofJWK: jwk) else { throw DPoPProofError("the DPoP proof's jwk is not a usable public key") }
+
+        guard let jti = claims["jti"] as? String, !jti.isEmpty, jti.utf8.count <= 256 else {
+            throw DPoPProofError("the DPoP proof needs a jti of at most 256 characters")
+        }
+        guard claims["htm"] as? String == method else { throw DPoPProofError("the DPoP proof's htm is not this request's method") }
+        guard let htu = claims["htu"] as? String, let presented = normalizedURI(htu), presented == normalizedURI(url) else {
+            throw DPoPProofError("the DPoP proof's htu is not this request's URI")
+        }
+        guard let iat = (claims["iat"] as? NSNumber)?.doubleValue, iat.isFinite, abs(iat - now.timeIntervalSince1970) <= lifetime else {
+            throw DPoPProofError("the DPoP proof's iat is missing, too old or in the future")
+        }
+        if let accessToken {
+            let expected = Base64URL.encode(SHA256.hash(data: Data(accessToken.utf8)))
+            guard let ath = claims["ath"] as? String, ath == expected else {
+                throw DPoPProofError("the DPoP proof's ath is not the hash of the access token")
+            }
+        }
+        if let nonces {
+            guard let nonce = claims["nonce"] as? String, nonces.isValid(nonce, now: now) else {
+                throw DPoPProofError("the DPoP proof must carry the server's current nonce", useNonce: true)
+            }
+        }
+        return VerifiedDPoPProof(thumbprint: thumbprint, jti: jti, issuedAt: Date(timeIntervalSince1970: iat))
+    }
+
+    private static func verifySignature(_ signature: Data, of input: Data, alg: String, jwk: [String: Any]) throws(DPoPProofError) {
+        let valid: Bool
+        switch alg {
+        case "ES256":
+            guard jwk["kty"] as? String == "EC", jwk["crv"] as? String == "P-256",
+                  let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let y = (jwk["y"] as? String).flatMap(Base64URL.decode),
+                  x.count == 32, y.count == 32, let key = try? P256.Signing.PublicKey(rawRepresentation: x + y)
+            else { throw DPoPProofError("ES256 needs an EC P-256 jwk") }
+            guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else {
+                throw DPoPProofError("the DPoP proof's signature is not valid")
+            }
+            valid = key.isValidSignature(ecdsa, for: input)
+        case "RS256", "PS256":
+            guard jwk["kty"] as? String == "RSA", let n = (jwk["n"] as? String).flatMap(Base64URL.decode),
+                  let e = (jwk["e"] as? String).flatMap(Base64URL.decode),
+                  let key = try? _RSA.Signing.PublicKey(n: n, e: e), key.keySizeInBits >= 2048
+            else { throw DPoPProofError("\(alg) needs an RSA jwk of at least 2048 bits") }
+            valid = key.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: input),
+                                         padding: alg == "RS256" ? .insecurePKCS1v1_5 : .PSS)
+        case "EdDSA":
+            guard jwk["kty"] as? String == "OKP", jwk["crv"] as? String == "Ed25519",
+                  let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let key = try? Curve25519.Signing.PublicKey(rawRepresentation: x)
+            else { throw DPoPProofError("EdDSA needs an OKP Ed25519 jwk") }
+            valid = key.isValidSignature(signature, for: input)
+        default:
+            valid = false
+        }
+        guard valid else { throw DPoPProofError("the DPoP proof's signature is not valid") }
+    }
+
+    /// The RFC 7638 thumbprint of a public JWK: SHA-256 of its required members, in order, as
+    /// compact JSON; `nil` for a key type Gatehouse does not take.
+    public static func thumbprint(ofJWK jwk: [String: Any]) -> String? {
+        func member(_ name: String) -> String? {
+            guard let value = jwk[name] as? String, value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") })
+            else { return nil }
+            return value
+        }
+        let canonical: String
+        switch jwk["kty"] as? String {
+        case "EC":
+            guard let crv = member("crv"), let x = member("x"), let y = member("y") else { return nil }
+            canonical = #"{"crv":"\#(crv)","kty":"EC","x":"\#(x)","y":"\#(y)"}"#
+        case "RSA":
+            guard let e = member("e"), let n = member("n") else { return nil }
+            canonical = #"{"e":"\#(e)","kty":"RSA","n":"\#(n)"}"#
+        case "OKP":
+            guard let crv = member("crv"), let x = member("x") else { return nil }
+            canonical = #"{"crv":"\#(crv)","kty":"OKP","x":"\#(x)"}"#
+        default:
+            return nil
+        }
+        return Base64URL.encode(SHA256.hash(data: Data(canonical.utf8)))
+    }
+
+    /// `scheme://host[:port]/path` with scheme and host in lower case, the default port dropped,
+    /// an empty path as `/`, no query or fragment (RFC 9449 §4.3 point 9, RFC 3986 §6.2.2–6.2.3).
+    static func normalizedURI(_ text: String) -> String? {
+        guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
+              let host = components.host?.lowercased(), !host.isEmpty, components.user == nil else { return nil }
+        let defaultPort = scheme == "https" ? 443 : scheme == "http" ? 80 : nil
+        let port = components.port.flatMap { $0 == defaultPort ? nil : $0 }
+        let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+        return scheme + "://" + host + (port.map { ":\($0)" } ?? "") + path
+    }
+}

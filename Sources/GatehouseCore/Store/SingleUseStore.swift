@@ -1,0 +1,12 @@
+public import Foundation
+
+/// Short-lived values used at most once, shared by every Gatehouse instance: attestation
+/// challenges (`attestation`), webview session codes (`session_code`) and DPoP proof ids
+/// (`dpop_jti`). Keys are hashes; values never hold a secret in clear.
+public protocol SingleUseStore: Sendable {
+    /// Inserts unless a live row of that kind and key exists: `false` then (a replay). An expired
+    /// row with the same key is replaced.
+    func insertOnce(kind: String, keyHash: String, value: Data, expiresAt: Date, now: Date) async throws -> Bool
+    /// Deletes and returns the live row; `nil` when unknown, used or expired.
+    func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data?
+}

@@ -1,0 +1,97 @@
+import Foundation
+import GatehouseCore
+import GatehouseRelay
+import HTTPTypes
+import Hummingbird
+
+extension Gatehouse {
+    static let dpopHeader = HTTPField.Name("DPoP")!
+    static let dpopNonceHeader = HTTPField.Name("DPoP-Nonce")!
+
+    /// The verified DPoP proof of a request to one of Gatehouse's own OAuth endpoints (`endpoint`:
+    /// its path; the proof's `htu` is `server.public_base_url` + it); `nil` when it carries none.
+    /// The proof's `jti` is spent here: in memory, then in the store for the other instances.
+    func tokenEndpointProof(_ request: Request, endpoint: String) async throws(OAuthError) -> VerifiedDPoPProof? {
+        let values = request.headers[values: Self.dpopHeader]
+        guard !values.isEmpty else { return nil }
+        guard values.count == 1 else { throw .invalidDPoPProof("a request carries at most one DPoP header") }
+        let nonces = configuration.dpop.requireNonce ? dpopNonces : nil
+        let proof: VerifiedDPoPProof
+        do {
+            proof = try DPoPProof.verify(values[0], method: request.method.rawValue, url: issuer + endpoint, accessToken: nil, now: now(),
+                                         lifetime: configuration.dpop.proofLifetime.inSeconds, nonces: nonces)
+        } catch {
+            if error.useNonce { throw .useDPoPNonce(nonce: dpopNonces.current(now: now())) }
+            throw .invalidDPoPProof(error.description)
+        }
+        switch await spend(proof) {
+        case .fresh: return proof
+        case .replayed: throw .invalidDPoPProof("the DPoP proof was used before (its jti)")
+        case .unavailable: throw .serverError("Gatehouse cannot reach its store right now")
+        }
+    }
+
+    enum ProofUse { case fresh, replayed, unavailable }
+
+    /// Spends a proof's `jti` (per key): the in-memory cache answers a replay to this instance
+    /// without the store; the store answers one to another instance.
+    func spend(_ proof: VerifiedDPoPProof) async -> ProofUse {
+        let lifetime = configuration.dpop.proofLifetime.inSeconds
+        // A proof is accepted while its iat is within the lifetime: remember its jti that long, and more.
+        let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
+        let key = proof.thumbprint + ":" + proof.jti
+        let now = self.now()
+        guard dpopReplays.firstUse(key, until: until, now: now) else { return .replayed }
+        do {
+            let fresh = try await store.insertOnce(kind: "dpop_jti", keyHash: SecureToken.hash(key), value: Data(),
+                                                   expiresAt: max(until, now.addingTimeInterval(1)), now: now)
+            return fresh ? .fresh : .replayed
+        } catch {
+            return .unavailable
+        }
+    }
+
+    /// Why a request with a DPoP-bound token (`ghd_…`) is refused, or `nil` when its proof is good:
+    /// `Authorization: DPoP`, one proof for this method and URI, the token's hash (`ath`), the key the
+    /// session is bound to, a fresh `jti`, and the server nonce when required.
+    func refusingBoundToken(_ request: Request, token: String, scheme: RelayAdmission.Scheme, boundThumbprint: String?) async -> Response? {
+        guard scheme == .dpop else {
+            return dpopRefusal(request, error: "invalid_token", detail: "The access token is bound to a DPoP key: send it as Authorization: DPoP with a proof.")
+        }
+        guard let boundThumbprint else {
+            return dpopRefusal(request, error: "invalid_token", detail: "The access token is invalid, expired or revoked.")
+        }
+        let values = request.headers[values: Self.dpopHeader]
+        guard values.count == 1 else {
+            return dpopRefusal(request, error: "invalid_dpop_proof", detail: "The request must carry exactly one DPoP proof.")
+        }
+        let nonces = configuration.dpop.requireNonce ? dpopNonces : nil
+        let proof: VerifiedDPoPProof
+        do {
+            proof = try DPoPProof.verify(values[0], method: request.method.rawValue, url: issuer + request.uri.path, accessToken: token,
+                                         now: now(), lifetime: configuration.dpop.proofLifetime.inSeconds, nonces: nonces)
+        } catch {
+            if error.useNonce {
+                return dpopRefusal(request, error: "use_dpop_nonce", detail: "The DPoP proof must carry the nonce of the DPoP-Nonce header.")
+            }
+            return dpopRefusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof is not valid: \(error.description).")
+        }
+        guard proof.thumbprint == boundThumbprint else {
+            return dpopRefusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof is not by the key the access token is bound to.")
+        }
+        switch await spend(proof) {
+        case .fresh: return nil
+        case .replayed: return dpopRefusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof was used before (its jti).")
+        case .unavailable: return .unavailable(.identityUnavailable(), for: request, retryAfter: 1)
+        }
+    }
+
+    /// 401 with `WWW-Authenticate: DPoP` (RFC 9449 §7.1), a fresh nonce, and a problem body.
+    func dpopRefusal(_ request: Request, error: String, detail: String) -> Response {
+        var response = Response.problem(.invalidToken(detail), for: request)
+        response.headers[.wwwAuthenticate] =
+            #"DPoP error="\#(error)", error_description="\#(detail)", algs="\#(DPoPProof.algorithms.joined(separator: " "))""#
+        response.headers[Self.dpopNonceHeader] = dpopNonces.current(now: now())
+        return response
+    }
+}

@@ -1,0 +1,104 @@
+import Crypto
+import Foundation
+@testable import GatehouseCore
+import Testing
+
+/// RFC 9449 §4.3's checks, one by one, on proofs built here with swift-crypto (the end-to-end
+/// suite builds its proofs with PyJWT, independently of this code).
+struct DPoPTests {
+    static let url = "https://gatehouse.example.com/api/orders"
+    static let now = Date(timeIntervalSince1970: 1_800_000_000)
+
+    struct Signer {
+        let key = P256.Signing.PrivateKey()
+        var jwk: [String: String] {
+            let raw = key.publicKey.rawRepresentation
+            return ["kty": "EC", "crv": "P-256", "x": Base64URL.encode(raw.prefix(32)), "y": Base64URL.encode(raw.suffix(32))]
+        }
+
+        func proof(method: String = "GET", url: String = DPoPTests.url, iat: Double = DPoPTests.now.timeIntervalSince1970,
+                   jti: String = SecureToken.generate(), token: String? = nil, nonce: String? = nil, typ: String = "dpop+jwt",
+                   alg: String = "ES256", jwk: [String: String]? = nil, extraClaims: [String: Any] = [:]) -> String {
+            var header: [String: Any] = ["typ": typ, "alg": alg, "jwk": jwk ?? self.jwk]
+            if alg == "none" { header["alg"] = "none" }
+            var claims: [String: Any] = ["htm": method, "htu": url, "iat": iat, "jti": jti]
+            if let token { claims["ath"] = Base64URL.encode(SHA256.hash(data: Data(token.utf8))) }
+            if let nonce { claims["nonce"] = nonce }
+            claims.merge(extraClaims) { $1 }
+            let input = Base64URL.encode(try! JSONSerialization.data(withJSONObject: header)) + "."
+                + Base64URL.encode(try! JSONSerialization.data(withJSONObject: claims))
+            let signature = try! key.signature(for: Data(input.utf8)).rawRepresentation
+            return input + "." + Base64URL.encode(signature)
+        }
+    }
+
+    func verify(_ proof: String, method: String = "GET", url: String = DPoPTests.url, token: String? = nil,
+                nonces: DPoPNonces? = nil) throws(DPoPProofError) -> VerifiedDPoPProof {
+        try DPoPProof.verify(proof, method: method, url: url, accessToken: token, now: Self.now, lifetime: 60, nonces: nonces)
+    }
+
+    @Test func aGoodProofGivesTheKeysThumbprint() throws {
+        let signer = Signer()
+        let verified = try verify(signer.proof(token: "ghd_x"), token: "ghd_x")
+        #expect(verified.thumbprint == DPoPProof.thumbprint(ofJWK: signer.jwk))
+        // Scheme and host in any case, the default port, no query: the same URI (RFC 9449 §4.3 point 9).
+        _ = try verify(signer.proof(url: "HTTPS://Gatehouse.Example.com:443/api/orders"))
+        _ = try verify(signer.proof(), url: Self.url + "?page=2")
+    }
+
+    @Test func theThumbprintIsRFC7638s() {
+        // RFC 7638 §3.1's example key and thumbprint.
+        let jwk: [String: Any] = [
+            "kty": "RSA", "e": "AQAB", "alg": "RS256", "kid": "2011-04-29",
+            "n": "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw",
+        ]
+        #expect(DPoPProof.thumbprint(ofJWK: jwk) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+    }
+
+    @Test(arguments: ["htm", "htu", "stale", "future", "ath", "noAth", "typ", "alg", "signature", "privateKey", "jti", "notJWT", "otherCurve"])
+    func eachCheckRefusesOnItsOwn(check: String) {
+        let signer = Signer()
+        let proof: String
+        switch check {
+        case "htm": proof = signer.proof(method: "POST", token: "t")
+        case "htu": proof = signer.proof(url: "https://gatehouse.example.com/api/other", token: "t")
+        case "stale": proof = signer.proof(iat: Self.now.timeIntervalSince1970 - 61, token: "t")
+        case "future": proof = signer.proof(iat: Self.now.timeIntervalSince1970 + 61, token: "t")
+        case "ath": proof = signer.proof(token: "another token")
+        case "noAth": proof = signer.proof()
+        case "typ": proof = signer.proof(token: "t", typ: "JWT")
+        case "alg": proof = signer.proof(token: "t", alg: "HS256")
+        case "signature": proof = Signer().proof(token: "t", jwk: signer.jwk)
+        case "privateKey": proof = signer.proof(token: "t", jwk: signer.jwk.merging(["d": "AAAA"]) { $1 })
+        case "jti": proof = signer.proof(jti: "", token: "t")
+        case "notJWT": proof = "a.b"
+        default: proof = signer.proof(token: "t", jwk: signer.jwk.merging(["crv": "P-384"]) { $1 })
+        }
+        #expect(throws: DPoPProofError.self) { try verify(proof, token: "t") }
+    }
+
+    @Test func nonceProofsNeedTheCurrentOrPreviousNonce() throws {
+        let nonces = DPoPNonces(key: SymmetricKey(size: .bits256), lifetime: 120)
+        let signer = Signer()
+        do {
+            _ = try verify(signer.proof(), nonces: nonces)
+            Issue.record("a proof without a nonce passed")
+        } catch {
+            #expect(error.useNonce)
+        }
+        _ = try verify(signer.proof(nonce: nonces.current(now: Self.now)), nonces: nonces)
+        #expect(nonces.isValid(nonces.current(now: Self.now.addingTimeInterval(-120)), now: Self.now))
+        #expect(!nonces.isValid(nonces.current(now: Self.now.addingTimeInterval(-240)), now: Self.now))
+        #expect(!DPoPNonces(key: SymmetricKey(size: .bits256), lifetime: 120).isValid(nonces.current(now: Self.now), now: Self.now))
+    }
+
+    @Test func theReplayCacheRemembersUntilExpiryAndStaysBounded() {
+        let cache = DPoPReplayCache(maximumEntries: 100)
+        #expect(cache.firstUse("a", until: Self.now.addingTimeInterval(60), now: Self.now))
+        #expect(!cache.firstUse("a", until: Self.now.addingTimeInterval(60), now: Self.now.addingTimeInterval(30)))
+        #expect(cache.firstUse("a", until: Self.now.addingTimeInterval(200), now: Self.now.addingTimeInterval(61)))
+        for index in 0..<1000 { _ = cache.firstUse("k\(index)", until: Self.now.addingTimeInterval(600), now: Self.now) }
+        #expect(cache.count <= 100)
+        #expect(!cache.firstUse("k999", until: Self.now.addingTimeInterval(600), now: Self.now))
+    }
+}

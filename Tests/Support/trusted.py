@@ -1,0 +1,41 @@
+"""A Gatehouse of its own in front of a django-oauth-toolkit of its own, for the suites of
+trusted app instances (issue 13): test_instances, test_dpop, test_session_codes. The upstream is
+`legacy` (oauth2, introspection identity); the caller gives the `clients:` entries, the routes and
+any other top-level sections. Routes relay to one EchoBackend (what a backend received)."""
+
+from contextlib import contextmanager
+
+from backends import EchoBackend
+from nativeapp import free_port
+from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_keys
+
+
+@contextmanager
+def trusted_gatehouse(workdir, seen, name, clients, routes="", extra=""):
+    """Yields run_gatehouse's dict plus "url", "env", "database" and "backend". `routes` may use
+    {backend} for the EchoBackend's URL."""
+    port = free_port()
+    backend = EchoBackend()
+    with run_upstream(workdir, f"upstream-{name}", seen, [f"http://127.0.0.1:{port}/oauth/callback"]) as up:
+        config = server_and_store(port, f"{workdir}/{name}.sqlite") + f"""
+upstreams:
+  - name: legacy
+    kind: oauth2
+    authorization_endpoint: {up["url"]}/o/authorize/
+    token_endpoint: {up["url"]}/o/token/
+    revocation_endpoint: {up["url"]}/o/revoke_token/
+    client_id: gatehouse-legacy
+    client_secret_env: UPSTREAM_SECRET_LEGACY
+    scopes: [read, write]
+    identity:
+      kind: introspection
+      url: {up["url"]}/o/introspect/
+clients:{clients}
+{("routes:" + routes.replace("{backend}", backend.url)) if routes else ""}
+sessions:
+  encryption_keys_file: {session_keys(workdir, f"{name}-session-keys", seen)}
+{extra}
+"""
+        with run_gatehouse(workdir, name, config, up["env"]) as process:
+            yield {**process, "url": f"http://127.0.0.1:{port}", "env": up["env"], "database": workdir / f"{name}.sqlite",
+                   "backend": backend}
