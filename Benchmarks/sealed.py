@@ -85,7 +85,7 @@ def proofs(args):
     started = time.monotonic()
     with open(args.out, "w") as f:
         for index in range(args.count):
-            f.write(key.proof("GET", args.url, access_token=args.token, jti=f"b{index:x}") + "\n")
+            f.write(key.proof("GET", args.url, access_token=args.token, jti=f"b{args.first + index:x}") + "\n")
     print(f"proofs: {args.count:,} DPoP proofs made in {time.monotonic() - started:.1f} s")
     return 0
 
@@ -256,6 +256,7 @@ def main():
     p.add_argument("--token", required=True)
     p.add_argument("--url", required=True)
     p.add_argument("--count", type=int, required=True)
+    p.add_argument("--first", type=int, default=0, help="the first proof's number (its jti): files of one key never overlap")
     p.add_argument("--out", required=True)
     p.set_defaults(func=proofs)
 

@@ -90,12 +90,7 @@ struct Sessions: AsyncParsableCommand {
 
         func run() async throws {
             let (configuration, logger) = try loadForAdmin(config)
-            // Each revocation is an audit event: to the audit file when one is configured, as `serve` writes them.
-            do {
-                try GatehouseLogging.bootstrap(format: .text, level: .warning, auditFile: configuration.operations.auditFile)
-            } catch {
-                throw ValidationError("the audit log cannot be opened: \(error)")
-            }
+            try bootstrapAdminAudit(configuration)
             let subject = self.subject
             let wanted = session?.replacingOccurrences(of: "…", with: "")
             let audit = AuditLog()
@@ -121,6 +116,15 @@ struct Sessions: AsyncParsableCommand {
                 ? "running instances were told at once" : "the running instance stops honouring their access tokens within 10 s"
             print("revoked \(count) session(s); \(heard)")
         }
+    }
+}
+
+/// Each revocation is an audit event: to the audit file when one is configured, as `serve` writes them.
+func bootstrapAdminAudit(_ configuration: GatehouseConfiguration) throws {
+    do {
+        try GatehouseLogging.bootstrap(format: .text, level: .warning, auditFile: configuration.operations.auditFile)
+    } catch {
+        throw ValidationError("the audit log cannot be opened: \(error)")
     }
 }
 

@@ -58,11 +58,7 @@ struct Instances: AsyncParsableCommand {
 
         func run() async throws {
             let (configuration, logger) = try loadForAdmin(config)
-            do {
-                try GatehouseLogging.bootstrap(format: .text, level: .warning, auditFile: configuration.operations.auditFile)
-            } catch {
-                throw ValidationError("the audit log cannot be opened: \(error)")
-            }
+            try bootstrapAdminAudit(configuration)
             let id = instance
             let audit = AuditLog()
             let (revoked, ended) = try await GatehouseApplication.withUpstreamClients(for: configuration, logger: logger) { upstreams in

@@ -33,15 +33,9 @@ import franceconnect as fcd  # noqa: E402
 from nativeapp import App, free_port  # noqa: E402
 from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
 
-from browser import LoopbackApp, chromium  # noqa: E402
+from browser import LoopbackApp, browser  # noqa: E402,F401 (browser: the fixture)
 CLIENT = "com.example.browser"
 SCOPES = "openid given_name family_name birthdate gender birthplace birthcountry"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as driver:
-        yield driver
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,9 @@ tokens of type DPoP; the relay (general path: a bound token never takes the fast
 /userinfo and refreshes then need a fresh proof by the same key; every check of RFC 9449 §4.3
 fails on its own; replays are refused by the in-memory cache and, across a restart, by the store."""
 
+import os
+import secrets
+import subprocess
 import time
 
 import pytest
@@ -278,3 +281,52 @@ def test_revoking_a_bound_access_token_ends_its_session(gatehouse, seen):
     assert call(gatehouse, key, pair["access_token"]).status_code == 401
     refreshed = app.refresh(pair["refresh_token"], headers={"DPoP": key.proof("POST", token_url(gatehouse))})
     assert refreshed.json()["error"] == "invalid_grant"
+
+
+@pytest.fixture(scope="module")
+def shared_store(workdir, seen):
+    """Two instances on one PostgreSQL database behind one public URL (a load balancer's)."""
+    if "GATEHOUSE_TEST_POSTGRES" not in os.environ:
+        pytest.skip("needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    database = "dpop_" + secrets.token_hex(4)
+    subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
+                   capture_output=True, check=True, timeout=30)
+    store = f"  postgres: {{host: {host}, port: {port}, database: {database}, username: gatehouse}}"
+    with trusted_gatehouse(workdir, seen, "dpop-shared", client(OPTIONAL, "optional"), ROUTES, store=store, replicas=2) as running:
+        yield running
+
+
+def test_a_proof_spent_on_one_instance_is_refused_by_another(shared_store, seen):
+    key = Key()
+    _, pair = bound_sign_in(shared_store, seen, key)
+    other = shared_store["replicas"][0]
+    url = shared_store["url"] + "/api/dpop/x"  # the public URL both instances answer for
+    proof = key.proof("GET", url, access_token=pair["access_token"])
+    headers = {"Authorization": f"DPoP {pair['access_token']}", "DPoP": proof}
+    assert requests.get(url, headers=headers, timeout=10).status_code == 200
+    replayed = requests.get(other["url"] + "/api/dpop/x", headers=headers, timeout=10)
+    assert replayed.status_code == 401 and "used before" in replayed.json()["detail"]
+    # A fresh proof works on the other instance: the session and its key are shared too.
+    fresh = requests.get(other["url"] + "/api/dpop/x", timeout=10, headers={
+        "Authorization": f"DPoP {pair['access_token']}", "DPoP": key.proof("GET", url, access_token=pair["access_token"])})
+    assert fresh.status_code == 200, fresh.text
+
+
+def test_a_saturated_memory_cache_falls_back_to_the_store(workdir, seen):
+    """With more live proofs than `dpop.replay_cache_entries`, a proof the memory forgot is still
+    refused on SQLite: the store answers while the cache is saturated."""
+    with trusted_gatehouse(workdir, seen, "dpop-small-cache", client(OPTIONAL, "optional"), ROUTES,
+                           "dpop:\n  replay_cache_entries: 1000") as gatehouse:
+        key = Key()
+        _, pair = bound_sign_in(gatehouse, seen, key)
+        url = gatehouse["url"] + "/api/dpop/x"
+        first = key.proof("GET", url, access_token=pair["access_token"])
+        session = requests.Session()
+        headers = {"Authorization": f"DPoP {pair['access_token']}"}
+        assert session.get(url, headers={**headers, "DPoP": first}, timeout=10).status_code == 200
+        for _ in range(1001):  # pushes the first proof out of the memory cache
+            assert session.get(url, headers={**headers, "DPoP": key.proof("GET", url, access_token=pair["access_token"])},
+                               timeout=10).status_code == 200
+        replayed = session.get(url, headers={**headers, "DPoP": first}, timeout=10)
+        assert replayed.status_code == 401 and "used before" in replayed.json()["detail"]

@@ -14,19 +14,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from browser import LoopbackApp, chromium
+from browser import LoopbackApp, browser  # noqa: F401 (browser: the fixture)
 from nativeapp import PASSWORD, USERNAME, App, InAppBrowser, free_port, query
 from smtpsink import SMTPSink
 from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_keys
 
 APP = "com.example.certified"
 EMAIL = "alice@example.test"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as driver:
-        yield driver
 
 
 @pytest.fixture(scope="module")

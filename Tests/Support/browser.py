@@ -88,3 +88,10 @@ def chromium():
         shutil.rmtree(profile, ignore_errors=True)
 
 
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """The module's Chromium (import this fixture into a test module to use it)."""
+    with chromium() as driver:
+        yield driver

@@ -3,7 +3,7 @@ trusted app instances (issue 13): test_instances, test_dpop, test_session_codes.
 `legacy` (oauth2, introspection identity); the caller gives the `clients:` entries, the routes and
 any other top-level sections. Routes relay to one EchoBackend (what a backend received)."""
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from backends import EchoBackend
 from nativeapp import free_port
@@ -11,13 +11,15 @@ from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_ke
 
 
 @contextmanager
-def trusted_gatehouse(workdir, seen, name, clients, routes="", extra=""):
+def trusted_gatehouse(workdir, seen, name, clients, routes="", extra="", store=None, replicas=1):
     """Yields run_gatehouse's dict plus "url", "env", "database" and "backend". `routes` may use
-    {backend} for the EchoBackend's URL."""
+    {backend} for the EchoBackend's URL. `store`: the YAML of a `postgres:` mapping instead of a
+    SQLite file; `replicas` > 1 starts more instances on that store, all with the first one's
+    `public_base_url` (as behind a load balancer), listed in "replicas" (each with its "url")."""
     port = free_port()
     backend = EchoBackend()
     with run_upstream(workdir, f"upstream-{name}", seen, [f"http://127.0.0.1:{port}/oauth/callback"]) as up:
-        config = server_and_store(port, f"{workdir}/{name}.sqlite") + f"""
+        config = server_and_store(port, store or f"{workdir}/{name}.sqlite") + f"""
 upstreams:
   - name: legacy
     kind: oauth2
@@ -36,6 +38,13 @@ sessions:
   encryption_keys_file: {session_keys(workdir, f"{name}-session-keys", seen)}
 {extra}
 """
-        with run_gatehouse(workdir, name, config, up["env"]) as process:
+        with ExitStack() as stack:
+            process = stack.enter_context(run_gatehouse(workdir, name, config, up["env"]))
+            replicas_running = []
+            for index in range(1, replicas):
+                replica_port = free_port()
+                replica = config.replace(f"  host: 127.0.0.1\n  port: {port}\n", f"  host: 127.0.0.1\n  port: {replica_port}\n")
+                running = stack.enter_context(run_gatehouse(workdir, f"{name}-{index}", replica, up["env"]))
+                replicas_running.append({**running, "url": f"http://127.0.0.1:{replica_port}"})
             yield {**process, "url": f"http://127.0.0.1:{port}", "env": up["env"], "database": workdir / f"{name}.sqlite",
-                   "backend": backend}
+                   "backend": backend, "replicas": replicas_running}

@@ -164,20 +164,7 @@ extension GatehouseConfiguration {
         let port = map.integer("port", in: 1...65535) ?? 5432
         let database = map.string("database", required: true)
         let username = map.string("username", required: true)
-        var password: Secret?
-        if map.value("password") != nil {
-            map.reader.report(map.childPath("password"), map.value("password"),
-                              "secrets are never written in the configuration: use password_env or password_file")
-        }
-        if let name = map.string("password_env") {
-            if let value = secrets.environment(name), !value.isEmpty { password = Secret(value) } else {
-                map.reader.report(map.childPath("password_env"), map.value("password_env"), "the environment variable \(name) is not set or empty")
-            }
-        } else if let path = map.string("password_file") {
-            if let value = try? secrets.readFile(path) { password = Secret(value.trimmingTrailingNewlines()) } else {
-                map.reader.report(map.childPath("password_file"), map.value("password_file"), "cannot read the file \(path)")
-            }
-        }
+        let password = decodePassword(map, secrets: secrets)
         let pool = map.integer("pool_size", in: 1...500) ?? 16
         // TLS is required unless the database is on this machine (a loopback host).
         let loopback = ["127.0.0.1", "::1", "localhost"].contains(host ?? "")
@@ -187,6 +174,22 @@ extension GatehouseConfiguration {
         guard let host, let database, let username else { return nil }
         return PostgresSettings(host: host, port: port, database: database, username: username, password: password, poolSize: pool,
                                 tls: tls, caFile: caFile)
+    }
+
+    /// `password_env` or `password_file` (never `password` inline): the store's or the mail relay's.
+    static func decodePassword(_ map: MappingReader, secrets: SecretLookup) -> Secret? {
+        if map.value("password") != nil {
+            map.reader.report(map.childPath("password"), map.value("password"),
+                              "secrets are never written in the configuration: use password_env or password_file")
+        }
+        if let name = map.string("password_env") {
+            if let value = secrets.environment(name), !value.isEmpty { return Secret(value) }
+            map.reader.report(map.childPath("password_env"), map.value("password_env"), "the environment variable \(name) is not set or empty")
+        } else if let path = map.string("password_file") {
+            if let value = try? secrets.readFile(path) { return Secret(value.trimmingTrailingNewlines()) }
+            map.reader.report(map.childPath("password_file"), map.value("password_file"), "cannot read the file \(path)")
+        }
+        return nil
     }
 
     /// The settings every upstream shares, then the kind's own (`UpstreamKindDecoder`).

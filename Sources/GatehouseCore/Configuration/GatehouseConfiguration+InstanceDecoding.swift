@@ -96,20 +96,7 @@ extension GatehouseConfiguration {
             }
         }
         let username = map.string("username")
-        var password: Secret?
-        if map.value("password") != nil {
-            map.reader.report(map.childPath("password"), map.value("password"),
-                              "secrets are never written in the configuration: use password_env or password_file")
-        }
-        if let name = map.string("password_env") {
-            if let value = secrets.environment(name), !value.isEmpty { password = Secret(value) } else {
-                map.reader.report(map.childPath("password_env"), map.value("password_env"), "the environment variable \(name) is not set or empty")
-            }
-        } else if let path = map.string("password_file") {
-            if let value = try? secrets.readFile(path) { password = Secret(value.trimmingCharacters(in: .newlines)) } else {
-                map.reader.report(map.childPath("password_file"), map.value("password_file"), "cannot read the file \(path)")
-            }
-        }
+        let password = decodePassword(map, secrets: secrets)
         if (username == nil) != (password == nil) {
             map.reader.report(map.childPath("username"), map.value("username") ?? map.node, "username and a password go together")
         }
