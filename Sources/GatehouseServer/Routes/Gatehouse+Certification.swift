@@ -154,8 +154,7 @@ extension Gatehouse {
 
     private func certificationForm(_ request: Request, names: Set<String>) async -> FormParameters? {
         guard Self.refusingNonFormBody(request) == nil else { return nil }
-        var request = request
-        guard let body = try? await request.collectBody(upTo: configuration.server.maximumBodyBytes) else { return nil }
+        guard let body = await boundedBody(request) else { return nil }
         return try? FormParameters(parsing: body.readableBytesView, recognizing: names)
     }
 

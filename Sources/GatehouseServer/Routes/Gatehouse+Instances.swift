@@ -18,11 +18,7 @@ extension Gatehouse {
             response.status = .unsupportedMediaType
             return response
         }
-        var request = request
-        let body: ByteBuffer
-        do {
-            body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
-        } catch {
+        guard let body = await boundedBody(request) else {
             return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
         }
         do throws(OAuthError) {
@@ -251,11 +247,7 @@ extension Gatehouse {
 
     /// The form of an OAuth endpoint, read within the body limit.
     func oauthForm(_ request: Request, recognizing names: Set<String>) async throws(OAuthError) -> FormParameters {
-        var request = request
-        let body: ByteBuffer
-        do {
-            body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
-        } catch {
+        guard let body = await boundedBody(request) else {
             throw .invalidRequest("the body is larger than \(configuration.server.maximumBodyBytes) bytes")
         }
         do {

@@ -10,11 +10,7 @@ extension Gatehouse {
     /// `Cache-Control: no-store`; every failure an RFC 6749 §5.2 error.
     func token(_ request: Request) async -> Response {
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
-        var request = request
-        let body: ByteBuffer
-        do {
-            body = try await request.collectBody(upTo: configuration.server.maximumBodyBytes)
-        } catch {
+        guard let body = await boundedBody(request) else {
             return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
         }
         do throws(OAuthError) {
@@ -175,6 +171,13 @@ extension Gatehouse {
 }
 
 extension Gatehouse {
+    /// The whole body of a request to one of Gatehouse's own endpoints; `nil` when it is longer
+    /// than `server.max_body_bytes` (the caller answers 413).
+    func boundedBody(_ request: Request) async -> ByteBuffer? {
+        var request = request
+        return try? await request.collectBody(upTo: configuration.server.maximumBodyBytes)
+    }
+
     /// 415 with an OAuth `invalid_request` unless the body is `application/x-www-form-urlencoded`
     /// (RFC 6749 §3.2, RFC 7009 §2.1).
     static func refusingNonFormBody(_ request: Request) -> Response? {
