@@ -218,3 +218,19 @@ def test_attestation_endpoints_refuse_what_is_not_an_attesting_instance(instance
     attest = requests.post(instances["url"] + "/oauth/attestation", timeout=10, data={
         "client_id": instance, "challenge": "never-issued", "type": "apple", "key_id": "AAAA", "attestation_object": "AAAA"})
     assert attest.status_code == 400 and attest.json()["error"] == "invalid_attestation"
+
+
+def test_registrations_are_rate_limited_per_address_with_an_oauth_error(workdir, seen):
+    clients = f"""
+  - client_id: {APP}
+    upstream: legacy
+    scopes: [read, write]
+    redirect_uris: ["{APP_REDIRECT}"]
+    instances: {{}}"""
+    extra = "rate_limits:\n  oauth_per_address: {per_second: 0.01, burst: 3}"
+    with trusted_gatehouse(workdir, seen, "instances-limited", clients, extra=extra) as gatehouse:
+        answers = [register(gatehouse, {"software_id": APP}) for _ in range(4)]
+        assert [a.status_code for a in answers] == [201, 201, 201, 429]
+        assert answers[3].json()["error"] == "temporarily_unavailable" and int(answers[3].headers["Retry-After"]) > 0
+        rows = sqlite3.connect(gatehouse["database"]).execute("SELECT count(*) FROM instances").fetchone()[0]
+        assert rows == 3

@@ -56,7 +56,8 @@ struct RateLimitMiddleware: RouterMiddleware {
     }
 
     static func answersOAuthJSON(_ path: String) -> Bool {
-        path == "/oauth/token" || path == "/oauth/revoke"
+        ["/oauth/token", "/oauth/revoke", "/oauth/register", "/oauth/attestation/challenge", "/oauth/attestation",
+         "/oauth/session_code"].contains(path)
     }
 
     /// What reading the request's `client_id` gave.
@@ -67,7 +68,7 @@ struct RateLimitMiddleware: RouterMiddleware {
         case bodyTooLarge
     }
 
-    /// The `client_id` of the query, or of the form body of a POST to token or revoke; the body stays readable.
+    /// The `client_id` of the query, or of the form body of a POST to an endpoint apps call directly; the body stays readable.
     static func clientID(of request: inout Request, path: String, limit: Int) async -> ClientIDRead {
         guard request.method == .post else {
             let form = try? FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: ["client_id"])
