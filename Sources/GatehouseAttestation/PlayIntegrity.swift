@@ -81,6 +81,10 @@ public enum PlayIntegrity {
         guard header["alg"] as? String == "A256KW", header["enc"] as? String == "A256GCM" else {
             throw AttestationError("the integrity token must be encrypted with A256KW and A256GCM")
         }
+        // RFC 7516 §4.1.13: an extension this reader does not implement, marked critical, refuses the token.
+        guard header["crit"] == nil else { throw AttestationError("the integrity token's header has critical extensions (crit)") }
+        // §4.1.3: Play never compresses its verdict; a compressed one would be read as garbage.
+        guard header["zip"] == nil else { throw AttestationError("the integrity token is compressed (zip), which Play never does") }
         guard let wrapped = base64URL(parts[1]), let iv = base64URL(parts[2]), let ciphertext = base64URL(parts[3]),
               let tag = base64URL(parts[4]), iv.count == 12, tag.count == 16
         else { throw AttestationError("the integrity token's parts are not base64url") }
@@ -105,6 +109,7 @@ public enum PlayIntegrity {
               let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any]
         else { throw AttestationError("the decrypted token is not a JWS") }
         guard header["alg"] as? String == "ES256" else { throw AttestationError("the verdict must be signed with ES256") }
+        guard header["crit"] == nil else { throw AttestationError("the verdict's header has critical extensions (crit)") }
         guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature),
               key.isValidSignature(ecdsa, for: Data((parts[0] + "." + parts[1]).utf8))
         else { throw AttestationError("the verdict's signature is not valid") }

@@ -17,6 +17,7 @@ public enum GatehouseApplication {
     /// The paths Gatehouse answers and the methods each takes (the rest are 404 or 405).
     static let routes: [String: [HTTPRequest.Method]] = [
         "/.well-known/oauth-authorization-server": [.get],
+        "/.well-known/openid-configuration": [.get],
         "/oauth/authorize": [.get],
         "/oauth/callback": [.get],
         "/oauth/token": [.post],
@@ -57,11 +58,12 @@ public enum GatehouseApplication {
         router.add(middleware: RateLimitMiddleware(holder: holder))
         router.add(middleware: RelayMiddleware(holder: holder))
         router.get("/.well-known/oauth-authorization-server") { _, _ in holder.current.metadata() }
+        router.get("/.well-known/openid-configuration") { _, _ in holder.current.metadata(openID: true) }
         router.get("/oauth/authorize") { request, _ in await holder.current.authorize(request) }
         router.get("/oauth/callback") { request, _ in await holder.current.callback(request) }
-        router.post("/oauth/token") { request, _ in await holder.current.token(request) }
+        router.post("/oauth/token") { request, context in await holder.current.token(request, peer: context.remoteAddress) }
         router.post("/oauth/revoke") { request, _ in await holder.current.revoke(request) }
-        router.post("/oauth/register") { request, _ in await holder.current.register(request) }
+        router.post("/oauth/register") { request, context in await holder.current.register(request, peer: context.remoteAddress) }
         router.post("/oauth/attestation/challenge") { request, _ in await holder.current.attestationChallenge(request) }
         router.post("/oauth/attestation") { request, _ in await holder.current.attestation(request) }
         router.post("/oauth/session_code") { request, _ in await holder.current.sessionCode(request) }
@@ -90,8 +92,7 @@ public enum GatehouseApplication {
                 let trusted = holder.current.configuration.operations.rateLimits.trustedProxies
                 guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }),
                       !trusted.contains(where: { $0.contains(peer) }),
-                      request.headers[values: RateLimiters.forwardedFor].isEmpty, request.headers[values: RateLimiters.forwarded].isEmpty,
-                      request.headers[values: HTTPField.Name("X-Real-IP")!].isEmpty
+                      !Self.forwardingHeaders.contains(where: { !request.headers[values: $0].isEmpty })
                 else {
                     return Response.problem(.notFound(), for: request)
                 }
@@ -100,6 +101,14 @@ public enum GatehouseApplication {
         }
         return router
     }
+
+    /// Headers by which a proxy or CDN says it is relaying someone else's request: any of them
+    /// on a `/metrics` request means the peer is not the asker.
+    static let forwardingHeaders: [HTTPField.Name] = [
+        "X-Forwarded-For", "Forwarded", "X-Real-IP", "True-Client-IP", "CF-Connecting-IP", "X-Client-IP", "Via",
+        "X-Forwarded-Host", "X-Forwarded-Proto", "X-Cluster-Client-IP", "Fastly-Client-IP", "X-Original-Forwarded-For",
+        "Client-IP", "X-ProxyUser-IP",
+    ].map { HTTPField.Name($0)! }
 
     /// The seed's `/auth/*` endpoints of every `central` upstream with `app_api`.
     static func centralAPIRoutes(of gatehouse: Gatehouse) -> [(path: String, endpoint: Gatehouse.CentralEndpoint, upstream: CentralUpstream)] {

@@ -75,7 +75,7 @@ struct Instances: AsyncParsableCommand {
                         }
                         ended += 1
                     }
-                    audit.record(.instance_revoked, clientID: record.softwareID, subject: nil, reason: "admin",
+                    audit.record(.instance_revoked, clientID: record.id, subject: nil, reason: "admin",
                                  metadata: ["sessions_ended": .stringConvertible(ended)])
                     return (revoked, ended)
                 }

@@ -38,7 +38,7 @@ from backends import EchoBackend, JWTIssuer, PersonalInformationService, TLSEcho
 from gatelog import LogFollower, served_by  # noqa: E402,F401
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
-from tokenproxy import session_keys  # noqa: E402
+from tokenproxy import session_keys, with_suite_limits  # noqa: E402
 
 #: eve's business partner id, as her identity service answers it: with a CR LF and what
 #: would be a header of its own if Gatehouse wrote it as it is.
@@ -58,7 +58,7 @@ UNKNOWN_KIND = "code or token"
 #: upstream on purpose ("any-token"), words that could appear in a log for other reasons.
 RECORDED_MIN_LENGTH = 16
 _WINDOW = 8  # bytes of the index windows (Secrets.find); forms shorter than 2 windows are searched directly
-_PREFIXES = ("gha_", "ghr_")
+_PREFIXES = ("gha_", "ghr_", "ghd_", "ghc_")  # every prefix of a Gatehouse token (SessionServices)
 
 
 def _b64_cores(raw):
@@ -545,7 +545,7 @@ sessions:
   refresh_grace: 30s
 """
     config_path = workdir / "gatehouse.yaml"
-    config_path.write_text(config)
+    config_path.write_text(with_suite_limits(config))
     log_path = workdir / "gatehouse.log"
     log = open(log_path, "w")
     process = subprocess.Popen([str(binary), "serve", "--config", str(config_path), "--log-level", "debug"],

@@ -4,6 +4,7 @@ cryptography, from the published formats), against a test root standing in for A
 keys standing in for the Play Console's. Every check fails on its own; with `attestation:
 required`, only a certified instance gets tokens."""
 
+import threading
 import time
 
 import pytest
@@ -150,6 +151,39 @@ def test_an_assertion_recertifies_only_with_a_growing_counter(gatehouse, authori
     refused(send(gatehouse, fresh, nonce, type="apple_assertion", assertion=assertion(key, nonce, APP_ID, 9)), "no attested")
 
 
+def test_two_assertions_racing_with_one_counter_certify_once(gatehouse, authority):
+    # The counter is a compare-and-set in the store: of two assertions with the same counter sent
+    # at once (behind a barrier, each with its own challenge), exactly one passes.
+    client_id = instance(gatehouse)
+    answer, key = apple(gatehouse, authority, client_id)
+    assert answer.status_code == 200
+    for round_ in range(3):
+        counter = 10 + round_
+        forms = []
+        for _ in range(2):
+            nonce = challenge(gatehouse, client_id)
+            forms.append({"client_id": client_id, "challenge": nonce, "type": "apple_assertion",
+                          "assertion": assertion(key, nonce, APP_ID, counter)})
+        barrier = threading.Barrier(2)
+        results = [None, None]
+
+        def race(index):
+            session = requests.Session()
+            prepared = session.prepare_request(requests.Request("POST", gatehouse["url"] + "/oauth/attestation", data=forms[index]))
+            barrier.wait(10)
+            results[index] = session.send(prepared, timeout=10)
+
+        threads = [threading.Thread(target=race, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        statuses = sorted(result.status_code for result in results)
+        assert statuses == [200, 400], [result.text for result in results]
+        loser = next(result for result in results if result.status_code == 400)
+        assert "counter" in loser.json()["error_description"], loser.text
+
+
 def test_a_play_integrity_verdict_certifies(gatehouse, seen, play):
     client_id = instance(gatehouse)
     nonce = challenge(gatehouse, client_id)
@@ -164,6 +198,7 @@ def test_a_play_integrity_verdict_certifies(gatehouse, seen, play):
     ("wrong package", "requestPackageName"), ("unrecognized version", "not recognized"), ("stale", "too old"),
     ("bad signature", "signature"), ("nonce mismatch", "nonce"), ("weak device", "MEETS_DEVICE_INTEGRITY"),
     ("other encryption key", "decrypted"), ("wrong enc", "A256KW and A256GCM"), ("app package", "appIntegrity.packageName"),
+    ("critical extension", "crit"), ("compressed", "zip"),
 ])
 def test_each_play_integrity_check_fails_on_its_own(gatehouse, play, case, words):
     client_id = instance(gatehouse)
@@ -183,6 +218,11 @@ def test_each_play_integrity_check_fails_on_its_own(gatehouse, play, case, words
         token = integrity_token(PlayKeys(), payload)
     elif case == "wrong enc":
         token = integrity_token(play, payload, enc_header={"alg": "dir", "enc": "A256GCM"})
+    elif case == "critical extension":
+        # RFC 7516 §4.1.13: a header this reader does not understand, marked critical, refuses the token.
+        token = integrity_token(play, payload, enc_header={"alg": "A256KW", "enc": "A256GCM", "crit": ["exp"], "exp": 1})
+    elif case == "compressed":
+        token = integrity_token(play, payload, enc_header={"alg": "A256KW", "enc": "A256GCM", "zip": "DEF"})
     else:
         token = integrity_token(play, payload)
     refused(send(gatehouse, client_id, nonce, type="play", integrity_token=token), words)

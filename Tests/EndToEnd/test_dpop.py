@@ -2,7 +2,8 @@
 (Tests/Support/dpop.py), never with Gatehouse's code. Token requests with a proof get `ghd_`
 tokens of type DPoP; the relay (general path: a bound token never takes the fast path),
 /userinfo and refreshes then need a fresh proof by the same key; every check of RFC 9449 §4.3
-fails on its own; replays are refused by the in-memory cache and, across a restart, by the store."""
+fails on its own; replays are refused by the in-memory cache and by the store (across instances here,
+across a restart in test_guarantees.py)."""
 
 import os
 import secrets
@@ -232,6 +233,28 @@ def test_userinfo_of_a_bound_token_needs_its_proof(gatehouse, seen):
     proved = requests.get(url, timeout=10, headers={"Authorization": f"DPoP {pair['access_token']}",
                                                    "DPoP": key.proof("GET", url, access_token=pair["access_token"])})
     assert proved.status_code == 404  # a legacy upstream gives no userinfo: past the token check, nothing to show
+
+
+def test_proofs_that_must_fail_at_each_endpoint(gatehouse, seen):
+    # An unsigned proof (alg none) on the relay, a refresh proof naming another URI, and a proof by
+    # another key on /userinfo: each refused, and each names what was wrong.
+    import jwt as pyjwt
+    key = Key()
+    app, pair = bound_sign_in(gatehouse, seen, key)
+    token, url = pair["access_token"], gatehouse["url"] + "/api/dpop/x"
+    claims = {"htm": "GET", "htu": url, "iat": int(time.time()), "jti": secrets.token_urlsafe(16)}
+    unsigned = pyjwt.encode(claims, None, algorithm="none", headers={"typ": "dpop+jwt", "jwk": key.jwk})
+    refused = call(gatehouse, None, token, proof=unsigned)
+    assert refused.status_code == 401 and "alg" in refused.json()["detail"], refused.text
+    wrong_htu = app.refresh(pair["refresh_token"], headers={"DPoP": key.proof("POST", gatehouse["url"] + "/oauth/revoke")})
+    assert wrong_htu.status_code == 400 and wrong_htu.json()["error"] == "invalid_dpop_proof", wrong_htu.text
+    assert "htu" in wrong_htu.json()["error_description"]
+    userinfo = gatehouse["url"] + "/userinfo"
+    other_key = requests.get(userinfo, timeout=10, headers={"Authorization": f"DPoP {token}",
+                                                           "DPoP": Key().proof("GET", userinfo, access_token=token)})
+    assert other_key.status_code == 401 and "key" in other_key.json()["detail"], other_key.text
+    # The refresh token survived the refused attempt: a good proof still refreshes.
+    assert app.refresh(pair["refresh_token"], headers={"DPoP": key.proof("POST", token_url(gatehouse))}).status_code == 200
 
 
 def test_an_instance_registered_with_a_key_must_prove_it_on_every_token_request(gatehouse, seen):

@@ -25,10 +25,14 @@ EMAIL = "alice@example.test"
 
 @pytest.fixture(scope="module")
 def setup(workdir, seen):
+    SEEN.append(seen)
     port = free_port()
     callback = f"http://127.0.0.1:{port}/oauth/callback"
     loopback = LoopbackApp()
-    sink = SMTPSink(workdir)
+    import secrets as random
+    smtp_password = random.token_urlsafe(24)
+    seen.add(smtp_password, kind="SMTP password")
+    sink = SMTPSink(workdir, credentials=("gatehouse", smtp_password))
     users = [{"username": USERNAME, "password": PASSWORD, "email": EMAIL},
              {"username": "noemail", "password": PASSWORD, "email": ""}]
     applications = [{"client_id": "gatehouse-oidc", "client_secret_env": "UPSTREAM_SECRET_LEGACY", "algorithm": "RS256",
@@ -56,11 +60,14 @@ mail:
   smtp_host: 127.0.0.1
   smtp_port: {sink.port}
   ca_file: {sink.certificate}
+  username: gatehouse
+  password_env: GATEHOUSE_SMTP_PASSWORD
   from: gatehouse@example.test
 sessions:
   encryption_keys_file: {session_keys(workdir, "certification-session-keys", seen)}
 """
-            with run_gatehouse(workdir, "certification", config, up["env"]) as process:
+            with run_gatehouse(workdir, "certification", config, up["env"],
+                               extra_env={"GATEHOUSE_SMTP_PASSWORD": smtp_password}) as process:
                 yield {**process, "url": f"http://127.0.0.1:{port}", "sink": sink, "loopback": loopback}
     finally:
         sink.stop()
@@ -73,14 +80,22 @@ def register(setup):
     return answer.json()["client_id"]
 
 
+SEEN = []  # the module's `seen`, for the helpers below (every code and pending id goes to the secret scan)
+
+
 def code_in(message):
     found = re.search(r"Your code: (\d{6})", message.get_payload(decode=True).decode())
     assert found, "the e-mail holds no 6-digit code"
+    for seen in SEEN:
+        seen.add(found.group(1), kind="e-mailed certification code")
     return found.group(1)
 
 
 def pending_in(page):
-    return re.search(r'name="pending" value="([^"]+)"', page).group(1)
+    pending = re.search(r'name="pending" value="([^"]+)"', page).group(1)
+    for seen in SEEN:
+        seen.add(pending, kind="paused sign-in id")
+    return pending
 
 
 def paused_sign_in(setup, seen, username=USERNAME):
@@ -188,3 +203,8 @@ def test_a_sign_in_without_an_email_cannot_be_certified_by_code(setup, seen):
     back = re.search(r'id="back" href="([^"]+)"', page.text).group(1).replace("&amp;", "&")
     assert query(back)["error"] == "access_denied" and query(back)["state"] == app.state
     assert setup["sink"].count() == mark
+
+
+def test_mail_goes_through_an_authenticated_relay(setup):
+    # Runs last in this module: every code went through AUTH PLAIN after STARTTLS, with the configured password.
+    assert setup["sink"].logins >= 1 and setup["sink"].refused_logins == 0

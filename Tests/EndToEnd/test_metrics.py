@@ -242,7 +242,9 @@ def test_metrics_on_the_public_port_only_for_allowed_addresses(workdir, upstream
             assert answer.headers["Content-Type"].startswith("text/plain")
             assert "gatehouse_http_requests_total" in answer.text
             # Forwarded by a proxy (maybe from the internet): not the allowed address asking.
-            for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP"):
+            # Every forwarding header a proxy or CDN writes, not only the standard ones.
+            for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP", "True-Client-IP", "CF-Connecting-IP", "X-Client-IP",
+                           "Via", "Fastly-Client-IP", "X-Cluster-Client-IP"):
                 forwarded = requests.get(instance["url"] + "/metrics", timeout=5, headers={header: "127.0.0.1"})
                 assert forwarded.status_code == 404 and "gatehouse_" not in forwarded.text, header
         else:

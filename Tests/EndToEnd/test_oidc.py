@@ -23,6 +23,7 @@ tokens DOT issued (the secrets record of serve.py), DOT's own JWKS and client se
 
 import base64
 import json
+import re
 import secrets
 import threading
 import time
@@ -428,6 +429,67 @@ def test_metadata_names_userinfo_end_session_and_jwks(oidc):
     assert keys.status_code == 200
     assert [key["kty"] for key in keys.json()["keys"]] and all(key["kty"] == "EC" for key in keys.json()["keys"])
     assert all("d" not in key for key in keys.json()["keys"])  # public keys only
+
+
+def test_an_unmodified_appauth_app_discovers_gatehouse_and_validates_its_id_token(oidc, seen):
+    """What AppAuth-iOS (`discoverServiceConfigurationForIssuer:`) and AppAuth-Android
+    (`fetchFromIssuer`) do: fetch only {issuer}/.well-known/openid-configuration, take the
+    endpoints from it, and check the ID token's issuer, audience, iat skew and nonce; the
+    signature is checked here too (authlib, with the keys of the document's jwks_uri)."""
+    from authlib.oidc.core import CodeIDToken
+    from joserfc import jwt as jose_jwt
+    from joserfc.errors import InvalidClaimError
+    from joserfc.jwk import KeySet
+    issuer = oidc["url"]
+    answer = requests.get(issuer + "/.well-known/openid-configuration", timeout=10)
+    assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("application/json"), answer.text
+    document = answer.json()
+    assert document["issuer"] == issuer
+    for member in ("authorization_endpoint", "token_endpoint", "jwks_uri", "response_types_supported", "subject_types_supported",
+                   "id_token_signing_alg_values_supported", "userinfo_endpoint", "end_session_endpoint"):
+        assert document.get(member), member
+    # The same endpoints as RFC 8414's document.
+    oauth = requests.get(issuer + "/.well-known/oauth-authorization-server", timeout=10).json()
+    assert {key: document[key] for key in oauth} == oauth
+    app = OidcApp(oidc, seen, "com.example.oidc")
+    received = app.sign_in()
+    tokens = requests.post(document["token_endpoint"], timeout=10, data={
+        "grant_type": "authorization_code", "client_id": app.client_id, "code": received["code"],
+        "redirect_uri": app.redirect_uri, "code_verifier": app.verifier}).json()
+    seen.add(tokens["access_token"], tokens["refresh_token"], kind="Gatehouse access token")
+    keys = KeySet.import_key_set(requests.get(document["jwks_uri"], timeout=10).json())
+    token = jose_jwt.decode(tokens["id_token"], keys, algorithms=document["id_token_signing_alg_values_supported"])
+    options = {"iss": {"essential": True, "value": document["issuer"]}, "aud": {"essential": True, "value": app.client_id},
+               "nonce": {"essential": True, "value": app.nonce}}
+    CodeIDToken(token.claims, token.header, options=options).validate(leeway=60)
+    assert abs(token.claims["iat"] - time.time()) < 600  # AppAuth's iat skew
+    assert token.claims["sub"] == dot_sub(oidc, seen)
+    for wrong in ({"nonce": {"essential": True, "value": "another nonce"}}, {"aud": {"essential": True, "value": "another.app"}},
+                  {"iss": {"essential": True, "value": "https://elsewhere.example"}}):
+        with pytest.raises(InvalidClaimError):
+            CodeIDToken(token.claims, token.header, options={**options, **wrong}).validate(leeway=60)
+
+
+def test_the_openid_configuration_passes_an_rp_librarys_validation_behind_https(oidc, workdir):
+    """Discovery 1.0 §3 as authlib's OpenIDProviderMetadata checks it (https everywhere, so
+    Gatehouse runs behind a TLS proxy here: its public_base_url is https). The one rule it
+    fails, and says so, is that RS256 be listed: Gatehouse signs its ID tokens with ES256."""
+    from authlib.oidc.discovery import OpenIDProviderMetadata
+    port = free_port()
+    text = oidc["config"].read_text()
+    text = re.sub(r"public_base_url: http://127\.0\.0\.1:\d+", "public_base_url: https://gatehouse.example.test", text)
+    text = re.sub(r"^  port: \d+$", f"  port: {port}", text, flags=re.MULTILINE)
+    text = text.replace(f"{workdir}/oidc.sqlite", f"{workdir}/oidc-https.sqlite")
+    with run_gatehouse(workdir, "oidc-https", text, oidc["upstream"]["env"]) as behind_tls:
+        document = requests.get(f"http://127.0.0.1:{port}/.well-known/openid-configuration", timeout=10).json()
+        assert document["issuer"] == "https://gatehouse.example.test"
+        metadata = OpenIDProviderMetadata(document)
+        for name in dir(metadata):
+            if name.startswith("validate_") and name != "validate_id_token_signing_alg_values_supported":
+                getattr(metadata, name)()
+        with pytest.raises(ValueError, match="RS256"):
+            metadata.validate()
+        assert behind_tls["process"].poll() is None
 
 
 def test_userinfo_without_a_token_asks_for_one(oidc):

@@ -28,7 +28,7 @@ def gatehouse(workdir, seen):
     routes = """
   - prefix: /web
     backend: {backend}/web
-    methods: [GET, POST]
+    methods: [GET, HEAD, OPTIONS, POST]
     upstream: legacy
     accept_session_cookie: true
   - prefix: /api
@@ -146,6 +146,23 @@ def test_a_cookie_request_that_changes_something_needs_a_same_site_origin(gateho
     assert requests.post(url, headers={**jar, "Origin": gatehouse["url"]}, data="x=1", timeout=10).status_code == 200
     assert requests.post(url, headers={**jar, "Referer": WEB + "/page"}, data="x=1", timeout=10).status_code == 200
     assert requests.post(url, headers={**jar, "Referer": "https://evil.example/"}, data="x=1", timeout=10).status_code == 403
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "GET"])
+def test_a_cookie_request_from_another_sites_page_never_reaches_the_backend_with_the_users_identity(gatehouse, seen, method):
+    # A page elsewhere probing with the user's cookie (fetch with credentials, or a HEAD, which
+    # needs no preflight) gets nothing: the identity goes only with requests that pass the CSRF rule.
+    _, cookie = web_cookie(gatehouse, seen)
+    url, jar = gatehouse["url"] + "/web/probe", {"Cookie": f"__Host-gatehouse-session={cookie}"}
+    mark = gatehouse["backend"].mark()
+    for origin in ("https://evil.example", "null"):
+        answer = requests.request(method, url, headers={**jar, "Origin": origin}, timeout=10)
+        assert answer.status_code == 403, (method, origin, answer.status_code)
+    assert gatehouse["backend"].request_lines_since(mark) == []
+    # Without an Origin (a navigation) and from a configured page it goes through, on the first
+    # request and on the next (a warm token).
+    for headers in (jar, jar, {**jar, "Origin": WEB}):
+        assert requests.request(method, url, headers=headers, timeout=10).status_code == 200, (method, headers)
 
 
 def test_the_cookie_is_only_a_cookie_and_only_on_cookie_routes(gatehouse, seen):

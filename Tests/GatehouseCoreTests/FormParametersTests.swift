@@ -6,6 +6,22 @@ struct FormParametersTests {
         try FormParameters(parsing: Array(text.utf8))
     }
 
+    @Test func anArtifactFieldHasItsOwnLimitAndEveryOtherFieldKeepsTheCommonOne() throws {
+        let object = String(repeating: "A", count: 7400)  // a genuine App Attest object in base64
+        let limits = FormParameters.Limits(fieldLimits: ["attestation_object": 16 * 1024])
+        let form = try FormParameters(parsing: Array("attestation_object=\(object)&type=apple".utf8), limits: limits)
+        #expect(form["attestation_object"]?.count == 7400)
+        #expect(throws: FormError.tooLong("attestation_object")) {
+            try FormParameters(parsing: Array("attestation_object=\(object)".utf8))
+        }
+        #expect(throws: FormError.tooLong("challenge")) {
+            try FormParameters(parsing: Array("challenge=\(object)".utf8), limits: limits)
+        }
+        #expect(throws: FormError.tooLong("attestation_object")) {
+            try FormParameters(parsing: Array("attestation_object=\(String(repeating: "A", count: 16 * 1024 + 1))".utf8), limits: limits)
+        }
+    }
+
     @Test func decodesPercentAndPlus() throws {
         let form = try parse("a=b%20c&d=e+f&g=%E2%9C%93")
         #expect(form["a"] == "b c")

@@ -25,10 +25,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.keywrap import aes_key_wrap
+from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.x509.oid import NameOID
 
 NONCE_OID = x509.ObjectIdentifier("1.2.840.113635.100.8.2")
 PRODUCTION = b"appattest" + b"\x00" * 7
+# Apple's published sample attestation objects carry a receipt of about 3.7 KB: the whole object is
+# some 5.5 KB, about 7,400 characters of base64.
+RECEIPT_SIZE = 3700
 DEVELOPMENT = b"appattestdevelop"
 
 
@@ -101,7 +105,30 @@ def client_data_hash(challenge):
     return hashlib.sha256(challenge.encode()).digest()
 
 
-def attest(authority, key, challenge, app_id, aaguid=PRODUCTION, counter=0, nonce=None, key_id=None):
+def _der(tag, content):
+    length = len(content)
+    if length < 0x80:
+        return bytes([tag, length]) + content
+    encoded = length.to_bytes((length.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(encoded)]) + encoded + content
+
+
+def receipt(authority, size=RECEIPT_SIZE):
+    """A receipt shaped as Apple's: a PKCS #7 SignedData (DER) over the receipt's attributes (an
+    ASN.1 SET), with its signing certificate and the intermediate, `size` bytes long (about)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    signer = _certificate(_name("Test Receipt Signing"), authority.intermediate.subject, key.public_key(), authority.intermediate_key,
+                          ca=False)
+
+    def build(payload):
+        return (pkcs7.PKCS7SignatureBuilder().set_data(payload).add_signer(signer, key, hashes.SHA256())
+                .add_certificate(authority.intermediate).sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.Binary]))
+
+    bare = build(_der(0x31, b""))
+    return build(_der(0x31, _der(0x04, os.urandom(max(0, size - len(bare) - 8)))))
+
+
+def attest(authority, key, challenge, app_id, aaguid=PRODUCTION, counter=0, nonce=None, key_id=None, receipt_size=RECEIPT_SIZE):
     """(key_id base64, attestation object base64), as DCAppAttestService.attestKey gives them."""
     key_id = key.key_id if key_id is None else key_id
     auth_data = (hashlib.sha256(app_id.encode()).digest() + bytes([0x40]) + counter.to_bytes(4, "big") + aaguid
@@ -109,7 +136,7 @@ def attest(authority, key, challenge, app_id, aaguid=PRODUCTION, counter=0, nonc
     nonce = hashlib.sha256(auth_data + client_data_hash(challenge)).digest() if nonce is None else nonce
     leaf = authority.credential_certificate(key.private.public_key(), nonce)
     statement = {"x5c": [leaf.public_bytes(serialization.Encoding.DER), authority.intermediate.public_bytes(serialization.Encoding.DER)],
-                 "receipt": os.urandom(64)}
+                 "receipt": receipt(authority, receipt_size)}
     obj = cbor2.dumps({"fmt": "apple-appattest", "attStmt": statement, "authData": auth_data})
     return b64(key_id), b64(obj)
 

@@ -270,8 +270,27 @@ store:
 {store_section}"""
 
 
+# Every request of the suite comes from 127.0.0.1, where a deployment's come from many addresses:
+# the per-address limits that are on by default (registrations, unknown refresh tokens) would
+# count the whole suite as one client. They are turned off unless a test keeps the defaults
+# (`default_limits=True`) or sets them itself; test_rate_limits checks the defaults.
+SUITE_LIMITS = {"registration_per_address": "off", "registration_per_app": "off", "unknown_refresh_per_address": "off"}
+
+
+def with_suite_limits(config):
+    """`config` with the per-address limits of SUITE_LIMITS off, unless it sets them itself."""
+    missing = {key: value for key, value in SUITE_LIMITS.items() if not re.search(rf"^\s+{key}:", config, re.MULTILINE)}
+    if not missing:
+        return config
+    lines = "".join(f"  {key}: {value}\n" for key, value in missing.items())
+    if re.search(r"^rate_limits:[ \t]*$", config, re.MULTILINE):
+        return re.sub(r"^rate_limits:[ \t]*\n", lambda match: "rate_limits:\n" + lines, config, count=1, flags=re.MULTILINE)
+    return config.rstrip("\n") + "\nrate_limits:\n" + lines
+
+
 @contextmanager
-def run_gatehouse(workdir, name, config, env, log_level="info", args=(), json_logs=False, extra_env=None, ready_timeout=30):
+def run_gatehouse(workdir, name, config, env, log_level="debug", args=(), json_logs=False, extra_env=None, ready_timeout=30,
+                  default_limits=False):
     """A Gatehouse of its own from the YAML text `config`, written to WORKDIR/NAME.yaml, its
     stderr followed in `lines` and copied to WORKDIR/NAME.log (the suite's log scan reads every
     *.log there; NAME.json.log when `json_logs`, which also passes `--log-format json`).
@@ -280,7 +299,7 @@ def run_gatehouse(workdir, name, config, env, log_level="info", args=(), json_lo
     binary = gatehouse_binary()
     workdir = Path(workdir)
     config_path = workdir / f"{name}.yaml"
-    config_path.write_text(config)
+    config_path.write_text(config if default_limits else with_suite_limits(config))
     log_path = workdir / (f"{name}.json.log" if json_logs else f"{name}.log")
     command = [str(binary), "serve", "--config", str(config_path), "--log-level", log_level, *args]
     if json_logs:

@@ -11,11 +11,14 @@ from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_ke
 
 
 @contextmanager
-def trusted_gatehouse(workdir, seen, name, clients, routes="", extra="", store=None, replicas=1):
+def trusted_gatehouse(workdir, seen, name, clients, routes="", extra="", store=None, replicas=1, default_limits=False):
     """Yields run_gatehouse's dict plus "url", "env", "database" and "backend". `routes` may use
     {backend} for the EchoBackend's URL. `store`: the YAML of a `postgres:` mapping instead of a
     SQLite file; `replicas` > 1 starts more instances on that store, all with the first one's
-    `public_base_url` (as behind a load balancer), listed in "replicas" (each with its "url")."""
+    `public_base_url` (as behind a load balancer), listed in "replicas" (each with its "url").
+    `default_limits`: keep the per-address limits that are on by default (run_gatehouse).
+    Also yields "text" (the configuration as written) and "relaunch" (a function that starts
+    another Gatehouse on the same configuration and store, as a context manager)."""
     port = free_port()
     backend = EchoBackend()
     with run_upstream(workdir, f"upstream-{name}", seen, [f"http://127.0.0.1:{port}/oauth/callback"]) as up:
@@ -39,7 +42,11 @@ sessions:
 {extra}
 """
         with ExitStack() as stack:
-            process = stack.enter_context(run_gatehouse(workdir, name, config, up["env"]))
+            process = stack.enter_context(run_gatehouse(workdir, name, config, up["env"], default_limits=default_limits))
+
+            def relaunch(suffix, text=None):
+                return run_gatehouse(workdir, f"{name}-{suffix}", text or config, up["env"], default_limits=default_limits)
+
             replicas_running = []
             for index in range(1, replicas):
                 replica_port = free_port()
@@ -47,4 +54,5 @@ sessions:
                 running = stack.enter_context(run_gatehouse(workdir, f"{name}-{index}", replica, up["env"]))
                 replicas_running.append({**running, "url": f"http://127.0.0.1:{replica_port}"})
             yield {**process, "url": f"http://127.0.0.1:{port}", "env": up["env"], "database": workdir / f"{name}.sqlite",
-                   "backend": backend, "replicas": replicas_running}
+                   "backend": backend, "replicas": replicas_running, "text": config, "relaunch": relaunch,
+                   "upstream_url": up["url"]}

@@ -62,6 +62,12 @@ extension GatehouseConfiguration {
                 reader.report((upstreamPaths[upstream.name] ?? "upstreams") + "." + key, root,
                               "'\(clientID)' names no client of this upstream in 'clients'")
             }
+            // The kind's own app API signs users in without an instance id: nothing there can check a certification.
+            for (key, clientID) in upstream.profile.namedClients where clients[clientID]?.instances?.attestation == .required {
+                reader.report((upstreamPaths[upstream.name] ?? "upstreams") + "." + key, root,
+                              "'\(clientID)' has instances.attestation: required, which this upstream's own app API cannot enforce "
+                                  + "(it signs in without an app instance): use a client without it for the app API")
+            }
         }
         var routes: [RouteSettings] = []
         var prefixes: Set<String> = []
@@ -279,6 +285,11 @@ extension GatehouseConfiguration {
             }
         }
         let dpop = map.choice("dpop", default: DPoPPolicy.optional)
+        let unknownRefreshTokens = map.choice("unknown_refresh_tokens", default: UnknownRefreshTokens.forward)
+        if map.value("unknown_refresh_tokens") != nil, exposure != .passthrough {
+            map.reader.report(map.childPath("unknown_refresh_tokens"), map.value("unknown_refresh_tokens"),
+                              "applies only with token_exposure: passthrough (a sealed app's refresh tokens are Gatehouse's own)")
+        }
         let instances = map.mapping("instances").flatMap { decodeInstances($0, secrets: secrets) }
         if let instances {
             if instances.manualCertification, wiring != .callback {
@@ -302,6 +313,7 @@ extension GatehouseConfiguration {
         // Passthrough apps get the upstream's own tokens: nothing of Gatehouse's to bind.
         client.dpop = exposure == .sealed && !upstream.profile.mintsTokens ? dpop : .off
         client.instances = instances
+        client.unknownRefreshTokens = unknownRefreshTokens
         return client
     }
 

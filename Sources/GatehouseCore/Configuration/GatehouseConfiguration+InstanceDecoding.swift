@@ -6,6 +6,8 @@ extension GatehouseConfiguration {
         var settings = InstanceSettings()
         settings.unusedLifetime = map.duration("unused_lifetime", in: .seconds(3600)...(.seconds(3650 * 86400))) ?? settings.unusedLifetime
         settings.attestation = map.choice("attestation", default: AttestationPolicy.off)
+        settings.pendingLifetime = map.duration("pending_lifetime", in: .seconds(60)...(.seconds(86400))) ?? settings.pendingLifetime
+        settings.maximumPending = map.integer("max_pending", in: 1...10_000_000) ?? settings.maximumPending
         settings.manualCertification = map.bool("manual_certification") ?? false
         settings.apple = map.mapping("apple").flatMap { decodeApple($0, secrets: secrets) }
         settings.play = map.mapping("play").flatMap { decodePlay($0, secrets: secrets) }

@@ -280,6 +280,8 @@ public struct AppClient: Sendable {
     public var dpop: DPoPPolicy = .optional
     /// Present when each install registers itself as an instance (`POST /oauth/register`).
     public var instances: InstanceSettings?
+    /// Passthrough apps: what becomes of a refresh token Gatehouse never handed out nor saw refreshed.
+    public var unknownRefreshTokens: UnknownRefreshTokens = .forward
 
     /// Whether this is a registered instance of the app rather than the app's own client id.
     public var isInstance: Bool { InstanceID.split(clientID) != nil && instances != nil }
@@ -305,4 +307,14 @@ public struct AppClient: Sendable {
     public func registeredPostLogoutRedirect(matching presented: String) -> RedirectURI? {
         postLogoutRedirectURIs.first { $0.matches(presented) }
     }
+}
+
+/// `clients[].unknown_refresh_tokens`, for passthrough apps: a refresh token Gatehouse has no
+/// record of (issued before Gatehouse stood in front of the upstream, or made up).
+public enum UnknownRefreshTokens: String, Sendable, CaseIterable {
+    /// Sent to the upstream, within `rate_limits.unknown_refresh_per_address`: the tokens apps
+    /// already hold keep working on the day Gatehouse is put in front of the upstream.
+    case forward
+    /// Refused without an upstream call: once every app holds tokens it got through Gatehouse.
+    case refuse
 }

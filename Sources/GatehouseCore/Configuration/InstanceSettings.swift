@@ -23,6 +23,12 @@ public struct InstanceSettings: Sendable {
     /// An instance that has not signed in or refreshed for this long expires.
     public var unusedLifetime: Duration
     public var attestation: AttestationPolicy
+    /// How long a registered instance lives before its first sign-in: a registration that leads
+    /// nowhere is gone in minutes, not after `unused_lifetime`.
+    public var pendingLifetime: Duration = .seconds(15 * 60)
+    /// Instances of the app that registered and have not signed in yet, at most: past it,
+    /// registration answers 429 until some sign in or expire.
+    public var maximumPending: Int = 10_000
     /// With `attestation: required`: an uncertified instance's sign-in pauses for a code e-mailed to the user.
     public var manualCertification: Bool
     public var apple: AppleAttestationSettings?
@@ -149,6 +155,13 @@ public enum InstanceID {
         let app = String(id[..<index]), random = String(id[id.index(after: index)...])
         guard !app.isEmpty, random.count >= 32, random.utf8.allSatisfy(isBase64URL) else { return nil }
         return (app, random)
+    }
+
+    /// An instance id as logs and the audit stream show it: its app and the first characters of the
+    /// hash of its random part; `?` for anything that is not an instance id.
+    public static func label(_ id: String) -> String {
+        guard let (app, random) = split(id) else { return "?" }
+        return app + String(separator) + SecureToken.hash(random).prefix(8)
     }
 
     private static func isBase64URL(_ byte: UInt8) -> Bool {

@@ -61,6 +61,13 @@ public struct RateLimitSettings: Sendable, Equatable {
     public var identityLookupsPerAddress: BucketSettings?
     /// Identity calls in flight toward each identity service.
     public var identityConcurrency: Int
+    /// Instance registrations (`/oauth/register`) per client address and per app: on by default,
+    /// so that a default configuration cannot be flooded with instances. `off` in the file: `nil`.
+    public var registrationPerAddress: BucketSettings? = BucketSettings(perSecond: 0.1, burst: 20)
+    public var registrationPerApp: BucketSettings? = BucketSettings(perSecond: 5, burst: 300)
+    /// Refreshes with a refresh token Gatehouse has never seen (passthrough apps), per client
+    /// address: each costs an upstream call, so junk cannot be turned into upstream load. On by default.
+    public var unknownRefreshPerAddress: BucketSettings? = BucketSettings(perSecond: 0.1, burst: 10)
 
     public init(trustedProxies: [AddressRange] = [], oauthPerClient: BucketSettings? = nil, oauthPerAddress: BucketSettings? = nil,
                 relayPerSubject: BucketSettings? = nil, identityLookupsPerAddress: BucketSettings? = nil,
@@ -156,8 +163,22 @@ extension GatehouseConfiguration {
         settings.relayPerSubject = bucket("relay_per_subject", in: map)
         settings.identityLookupsPerAddress = bucket("identity_lookups_per_address", in: map)
         settings.identityConcurrency = map.integer("identity_concurrency", in: 1...10_000) ?? settings.identityConcurrency
+        settings.registrationPerAddress = defaultedBucket("registration_per_address", in: map, default: settings.registrationPerAddress)
+        settings.registrationPerApp = defaultedBucket("registration_per_app", in: map, default: settings.registrationPerApp)
+        settings.unknownRefreshPerAddress = defaultedBucket("unknown_refresh_per_address", in: map,
+                                                            default: settings.unknownRefreshPerAddress)
         map.finish()
         return settings
+    }
+
+    /// A limit that is on unless the file says `off`: absent, the default bucket.
+    private static func defaultedBucket(_ key: String, in parent: MappingReader, default bucket: BucketSettings?) -> BucketSettings? {
+        guard let node = parent.value(key) else { return bucket }
+        if case .scalar(let text, _) = node {
+            if text != "off", text != "false" { parent.reader.report(parent.childPath(key), node, "must be off, or a mapping with per_second and burst") }
+            return nil
+        }
+        return Self.bucket(key, in: parent)
     }
 
     private static func bucket(_ key: String, in parent: MappingReader) -> BucketSettings? {

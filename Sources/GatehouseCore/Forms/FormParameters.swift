@@ -8,11 +8,17 @@ public struct FormParameters: Sendable, Equatable {
     public struct Limits: Sendable, Equatable {
         public var maximumPairs: Int
         public var maximumValueBytes: Int
+        /// Larger limits for the few fields that carry whole artifacts (an App Attest attestation
+        /// object with its receipt, a Play Integrity token); every other field keeps `maximumValueBytes`.
+        public var fieldLimits: [String: Int]
 
-        public init(maximumPairs: Int = 32, maximumValueBytes: Int = 4096) {
+        public init(maximumPairs: Int = 32, maximumValueBytes: Int = 4096, fieldLimits: [String: Int] = [:]) {
             self.maximumPairs = maximumPairs
             self.maximumValueBytes = maximumValueBytes
+            self.fieldLimits = fieldLimits
         }
+
+        func limit(of name: String) -> Int { fieldLimits[name] ?? maximumValueBytes }
     }
 
     private var values: [String: String]
@@ -40,7 +46,7 @@ public struct FormParameters: Sendable, Equatable {
             } else {
                 name = try Self.decode(parts[0], limit: 128, field: nil)
             }
-            let value = parts.count > 1 ? try Self.decode(parts[1], limit: limits.maximumValueBytes, field: name) : ""
+            let value = parts.count > 1 ? try Self.decode(parts[1], limit: limits.limit(of: name), field: name) : ""
             guard !name.isEmpty else { throw .malformed }
             guard values[name] == nil else { throw .duplicated(name) }
             values[name] = value

@@ -17,7 +17,17 @@ public struct AuditLog: Sendable {
                        metadata: Logger.Metadata = [:]) {
         var fields = metadata
         fields["audit_event"] = .string(event.rawValue)
-        if let clientID { fields["client_id"] = .string(clientID) }
+        // One rule for every event: an app instance is written as its app (client_id) and its
+        // label (`instance`: the first characters of the hash of its random part), never in full,
+        // so an instance id found in the audit stream is no credential and a made-up one is no payload.
+        if let clientID {
+            if let (app, _) = InstanceID.split(clientID) {
+                fields["client_id"] = .string(app)
+                fields["instance"] = .string(InstanceID.label(clientID))
+            } else {
+                fields["client_id"] = .string(clientID)
+            }
+        }
         if let subject { fields["subject_hash"] = .string(Self.subjectHash(subject)) }
         if let reason { fields["reason"] = .string(reason) }
         logger.notice("\(event.rawValue)", metadata: fields)

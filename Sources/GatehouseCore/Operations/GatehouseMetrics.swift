@@ -22,6 +22,7 @@ public enum GatehouseMetrics {
     public static let storeLeaseWaitsTotal = "gatehouse_store_lease_waits_total"
     public static let rateLimitedTotal = "gatehouse_rate_limited_total"
     public static let auditEventsTotal = "gatehouse_audit_events_total"
+    public static let instancesStored = "gatehouse_instances"
 
     /// Each metric's `# HELP` text.
     public static let help: [String: String] = [
@@ -39,6 +40,7 @@ public enum GatehouseMetrics {
         storeLeaseWaitsTotal: "Store queries that waited for a connection, by store.",
         rateLimitedTotal: "Requests refused by a rate limit, by limit.",
         auditEventsTotal: "Audit events written, by event.",
+        instancesStored: "Registered app instance rows in the store (expired ones until swept), read at each sweep.",
     ]
 
     /// Histogram buckets of every duration metric, in seconds.
@@ -60,6 +62,7 @@ public enum GatehouseMetrics {
     /// Which limit answered 429/503 (`gatehouse_rate_limited_total{limit}`).
     public enum Limit: String, Sendable, CaseIterable {
         case oauth_client, oauth_address, relay_subject, identity_address, identity_concurrency, upstream_backoff
+        case registration_address, registration_app, registration_pending, unknown_refresh_address
     }
 
     public static func refresh(_ outcome: RefreshOutcome) {

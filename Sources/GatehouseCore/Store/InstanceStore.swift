@@ -29,10 +29,12 @@ public struct InstanceRecord: Sendable, Equatable {
     /// `unused_lifetime` after its last sign-in or refresh.
     public var expiresAt: Date
     public var revokedAt: Date?
+    /// The redirect URIs it registered, a subset of its app's; `nil`: all of the app's.
+    public var redirectURIs: [String]?
 
     public init(id: String, softwareID: String, dpopJKT: String? = nil, certification: InstanceCertification? = nil,
                 certifiedAt: Date? = nil, appleKeyID: String? = nil, applePublicKey: Data? = nil, appleCounter: Int = 0,
-                createdAt: Date, lastUsedAt: Date? = nil, expiresAt: Date, revokedAt: Date? = nil) {
+                createdAt: Date, lastUsedAt: Date? = nil, expiresAt: Date, revokedAt: Date? = nil, redirectURIs: [String]? = nil) {
         self.id = id
         self.softwareID = softwareID
         self.dpopJKT = dpopJKT
@@ -45,6 +47,19 @@ public struct InstanceRecord: Sendable, Equatable {
         self.lastUsedAt = lastUsedAt ?? createdAt
         self.expiresAt = expiresAt
         self.revokedAt = revokedAt
+        self.redirectURIs = redirectURIs
+    }
+
+    /// Whether it has completed a sign-in or a refresh since it registered.
+    public var hasBeenUsed: Bool { lastUsedAt > createdAt }
+
+    /// `redirectURIs` as stored: a JSON array, or `nil`.
+    public var redirectURIsJSON: String? {
+        redirectURIs.flatMap { try? JSONEncoder().encode($0) }.map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    public static func redirectURIs(json: String?) -> [String]? {
+        json.flatMap { try? JSONDecoder().decode([String].self, from: Data($0.utf8)) }
     }
 
     public func isLive(at now: Date) -> Bool { revokedAt == nil && expiresAt > now }
@@ -53,7 +68,11 @@ public struct InstanceRecord: Sendable, Equatable {
 /// Registered app instances. Every change of a live instance is one atomic statement that
 /// checks it is still live, so a revocation or an expiry is never undone by a racing write.
 public protocol InstanceStore: Sendable {
-    func insertInstance(_ instance: InstanceRecord) async throws
+    /// Inserts a new instance unless its app already has `maximumPending` live instances that never
+    /// completed a sign-in (counted and inserted in one statement); `false` then.
+    func insertInstance(_ instance: InstanceRecord, maximumPending: Int, now: Date) async throws -> Bool
+    /// How many instance rows the store holds (the expired ones until the sweeper takes them).
+    func instanceCount() async throws -> Int
     /// The instance as stored, live or not (the caller checks `isLive`).
     func instance(id: String) async throws -> InstanceRecord?
     /// Every instance (of one app when `softwareID` is given), newest first.
@@ -68,4 +87,11 @@ public protocol InstanceStore: Sendable {
     func advanceAppleCounter(id: String, to counter: Int, now: Date) async throws -> Bool
     /// `false` when unknown or already revoked.
     func revokeInstance(id: String, now: Date) async throws -> Bool
+}
+
+extension InstanceStore {
+    /// Inserts an instance whatever its app's pending count.
+    public func insertInstance(_ instance: InstanceRecord) async throws {
+        _ = try await insertInstance(instance, maximumPending: Int(Int32.max), now: instance.createdAt)
+    }
 }

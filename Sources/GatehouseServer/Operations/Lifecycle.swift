@@ -156,9 +156,11 @@ final class Reloader: Sendable {
         ])
     }
 
-    /// Files read by either configuration whose content differs (or that only one of them read).
+    /// Files read by both configurations whose content differs. A file only the new one reads
+    /// (the key files of a client the reload adds) is read now, so the new configuration holds
+    /// what it says; a file only the old one read is no longer used.
     static func changedFiles(from old: [String: String], to new: [String: String]) -> [String] {
-        Set(old.keys).union(new.keys).sorted().filter { old[$0] != new[$0] }
+        Set(old.keys).intersection(new.keys).sorted().filter { old[$0] != new[$0] }
     }
 
     /// Top-level sections other than the reloadable ones whose content differs.

@@ -10,6 +10,9 @@ public final class RateLimiters: Sendable {
     public let oauthPerAddress: TokenBucketLimiter?
     public let relayPerSubject: TokenBucketLimiter?
     public let identityLookupsPerAddress: TokenBucketLimiter?
+    public let registrationPerAddress: TokenBucketLimiter?
+    public let registrationPerApp: TokenBucketLimiter?
+    public let unknownRefreshPerAddress: TokenBucketLimiter?
 
     public init(_ settings: RateLimitSettings, previous: RateLimiters? = nil) {
         self.settings = settings
@@ -22,6 +25,9 @@ public final class RateLimiters: Sendable {
         oauthPerAddress = limiter(\.oauthPerAddress, \.oauthPerAddress)
         relayPerSubject = limiter(\.relayPerSubject, \.relayPerSubject)
         identityLookupsPerAddress = limiter(\.identityLookupsPerAddress, \.identityLookupsPerAddress)
+        registrationPerAddress = limiter(\.registrationPerAddress, \.registrationPerAddress)
+        registrationPerApp = limiter(\.registrationPerApp, \.registrationPerApp)
+        unknownRefreshPerAddress = limiter(\.unknownRefreshPerAddress, \.unknownRefreshPerAddress)
     }
 
     /// The client's address as the limits count it: the peer, or what a trusted proxy says the

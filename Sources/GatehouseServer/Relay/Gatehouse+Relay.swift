@@ -236,8 +236,13 @@ extension Gatehouse {
             guard token.hasPrefix(SessionServices.cookiePrefix) else {
                 return signInAgain(request, route: route, detail: "The session cookie is invalid, expired or revoked.")
             }
-            guard ["GET", "HEAD", "OPTIONS"].contains(request.method.rawValue) || isSameSite(request) else {
-                return .problem(.forbidden("A request with the session cookie that changes something must come from a page of this site (Origin)."),
+            // The cookie carries the user's identity only for requests that pass the CSRF rule:
+            // whatever the method, a request that names a foreign Origin is refused (a page elsewhere
+            // reading or probing with the user's cookie); without an Origin, only a navigation-like
+            // GET, HEAD or OPTIONS goes through on the cookie alone.
+            let safe = ["GET", "HEAD", "OPTIONS"].contains(request.method.rawValue)
+            guard (safe && request.headers[values: .origin].isEmpty) || isSameSite(request) else {
+                return .problem(.forbidden("A request with the session cookie from another site's page (Origin), or that changes something without naming this site's page, is refused."),
                                 for: request)
             }
         case .dpop:

@@ -22,7 +22,12 @@ extension Gatehouse {
             } catch {
                 return .problem(.storeUnavailable(), for: request)
             }
-            if let instance, instance.isLive(at: now()) { clients[clientID] = client }
+            if let instance, instance.isLive(at: now()) {
+                var client = client
+                // An instance that registered fewer redirect URIs than its app's uses only those.
+                if let narrowed = instance.redirectURIs { client.redirectURIs.removeAll { !narrowed.contains($0.registered) } }
+                clients[clientID] = client
+            }
         }
         switch AuthorizationRequest.decide(parameters, clients: clients) {
         case .refuse(let problem):
@@ -32,11 +37,15 @@ extension Gatehouse {
             logger.info("authorize error sent to app", metadata: ["error": .string(error.code)])
             return .redirect(to: appRedirect(redirectURI, error: error, state: state))
         case .proceed(let authorization):
-            if let instance, let settings = clients[authorization.clientID]?.instances, settings.attestation == .required,
-               instance.certification == nil, !settings.manualCertification {
+            if let client = clients[authorization.clientID], let settings = client.instances, settings.attestation == .required,
+               !client.isInstance || (instance?.certification == nil && !settings.manualCertification) {
                 // Nothing could certify it on the way: spare the user a sign-in that gets no tokens.
-                return .redirect(to: appRedirect(authorization.redirectURI, error: .unauthorizedClient(
-                    "this app instance is not certified: attest it at /oauth/attestation first"), state: authorization.state))
+                do throws(OAuthError) {
+                    try requireCertification(of: client, instance: instance)
+                } catch {
+                    logger.info("authorize refused", metadata: ["error": .string(error.code)])
+                    return .redirect(to: appRedirect(authorization.redirectURI, error: error, state: authorization.state))
+                }
             }
             return await begin(authorization, request: request)
         }

@@ -140,8 +140,8 @@ extension Gatehouse {
             return .seeOther(appRedirect(record.issued.redirectURI, error: .unauthorizedClient("this app instance is unknown, expired or revoked"),
                                          state: record.appState))
         }
-        audit.record(.instance_certified, clientID: InstanceID.split(record.instanceID)?.app, subject: record.issued.subject, metadata: [
-            "instance": .string(Self.instanceLabel(record.instanceID)), "method": .string("manual"),
+        audit.record(.instance_certified, clientID: record.instanceID, subject: record.issued.subject, metadata: [
+            "method": .string("manual"),
         ])
         var response = await redirectWithCode(record.issued, appState: record.appState)
         response.status = .seeOther

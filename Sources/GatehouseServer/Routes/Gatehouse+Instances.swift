@@ -11,12 +11,22 @@ extension Gatehouse {
     /// `client_id`, bound to the app's redirect URIs and scopes. `software_id` names the app. A DPoP
     /// proof binds the instance to the proof's key: every later request of the instance must prove
     /// it holds that key, so the client id alone is worth nothing to someone else.
-    func register(_ request: Request) async -> Response {
+    ///
+    /// Registration cannot fill the store: it is limited per client address (before the body is
+    /// read) and per app (`rate_limits.registration_per_*`, on by default); an instance that
+    /// never signs in lives `pending_lifetime` (minutes), and an app holds at most `max_pending`
+    /// such instances, counted and inserted in one statement.
+    func register(_ request: Request, peer: String?) async -> Response {
         let contentType = request.headers[.contentType]?.lowercased() ?? ""
         guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/json" else {
             var response = Response.oauthError(.invalidClientMetadata("the body must be application/json (RFC 7591 §3.1)"))
             response.status = .unsupportedMediaType
             return response
+        }
+        if let limiter = limits.registrationPerAddress, let address = limits.clientAddress(peer: peer, headers: request.headers),
+           let wait = limiter.take(address) {
+            rateLimited(.registration_address, clientID: nil, subject: nil)
+            return .oauthError(.rateLimited(retryAfter: wait.retryAfterSeconds))
         }
         guard let body = await boundedBody(request) else {
             return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
@@ -26,8 +36,18 @@ extension Gatehouse {
             guard let app = configuration.clients[metadata.softwareID], let settings = app.instances else {
                 throw .invalidClientMetadata("software_id names no app whose instances register here")
             }
-            for uri in metadata.redirectURIs ?? [] where !app.redirectURIs.contains(where: { $0.registered == uri }) {
-                throw .invalidRedirectURI("every redirect URI must be one of the app's (\(uri.prefix(100)) is not)")
+            if let limiter = limits.registrationPerApp, let wait = limiter.take(app.clientID) {
+                rateLimited(.registration_app, clientID: app.clientID, subject: nil)
+                throw .rateLimited(retryAfter: wait.retryAfterSeconds)
+            }
+            var narrowed: [String]?
+            if let uris = metadata.redirectURIs {
+                for uri in uris where !app.redirectURIs.contains(where: { $0.registered == uri }) {
+                    throw .invalidRedirectURI("every redirect URI must be one of the app's (\(uri.prefix(100)) is not)")
+                }
+                // Honoured: the instance's sign-ins may use these only.
+                let all = Set(app.redirectURIs.map(\.registered))
+                narrowed = Set(uris) == all ? nil : Array(Set(uris)).sorted()
             }
             let proof = app.dpop == .off ? nil : try await tokenEndpointProof(request, endpoint: "/oauth/register")
             if app.dpop == .required, proof == nil {
@@ -35,18 +55,26 @@ extension Gatehouse {
             }
             let now = self.now()
             let instance = InstanceRecord(id: InstanceID.make(app: app.clientID), softwareID: app.clientID, dpopJKT: proof?.thumbprint,
-                                          createdAt: now, expiresAt: now.addingTimeInterval(settings.unusedLifetime.inSeconds))
+                                          createdAt: now, expiresAt: now.addingTimeInterval(settings.pendingLifetime.inSeconds),
+                                          redirectURIs: narrowed)
+            let inserted: Bool
             do {
-                try await store.insertInstance(instance)
+                inserted = try await store.insertInstance(instance, maximumPending: settings.maximumPending, now: now)
             } catch {
                 throw .serverError("Gatehouse could not record the instance")
             }
-            audit.record(.instance_registered, clientID: app.clientID, subject: nil, metadata: [
-                "instance": .string(Self.instanceLabel(instance.id)), "dpop_bound": .stringConvertible(proof != nil),
+            guard inserted else {
+                rateLimited(.registration_pending, clientID: app.clientID, subject: nil)
+                logger.warning("registration refused: the app has its maximum of instances that never signed in",
+                               metadata: ["client_id": .string(app.clientID), "max_pending": .stringConvertible(settings.maximumPending)])
+                throw .rateLimited(retryAfter: Int(min(settings.pendingLifetime.inSeconds, 300)))
+            }
+            audit.record(.instance_registered, clientID: instance.id, subject: nil, metadata: [
+                "dpop_bound": .stringConvertible(proof != nil),
             ])
             let answer = RegistrationResponse(
                 client_id: instance.id, client_id_issued_at: Int(now.timeIntervalSince1970), software_id: app.clientID,
-                redirect_uris: metadata.redirectURIs ?? app.redirectURIs.map(\.registered),
+                redirect_uris: narrowed ?? app.redirectURIs.map(\.registered),
                 grant_types: ["authorization_code", "refresh_token"], response_types: ["code"], token_endpoint_auth_method: "none",
                 scope: app.scopes.joined(separator: " "), attestation: settings.attestation.rawValue,
                 dpop_bound_access_tokens: proof != nil)
@@ -58,14 +86,14 @@ extension Gatehouse {
     }
 
     /// An instance id as logs show it: its app and the first characters of the hash of its random part.
-    static func instanceLabel(_ id: String) -> String {
-        guard let (app, random) = InstanceID.split(id) else { return "?" }
-        return app + "~" + SecureToken.hash(random).prefix(8)
-    }
+    static func instanceLabel(_ id: String) -> String { InstanceID.label(id) }
 
     /// The live instance a request names (`client_id`) and its app. When the instance registered
     /// with a DPoP key, `proof` (the request's verified DPoP proof) must be by that key.
-    func liveInstance(_ clientID: String?, proof: VerifiedDPoPProof?) async throws(OAuthError) -> (InstanceRecord, AppClient) {
+    /// `checkingKey: false` where the caller proved its key another way (a bound session's token).
+    func liveInstance(_ clientID: String?, proof: VerifiedDPoPProof?, checkingKey: Bool = true) async throws(OAuthError)
+        -> (InstanceRecord, AppClient)
+    {
         guard let clientID, let client = configuration.appClient(for: clientID), client.isInstance else {
             throw .invalidClient("client_id names no registered app instance")
         }
@@ -78,13 +106,29 @@ extension Gatehouse {
         guard let instance, instance.isLive(at: now()) else {
             throw .invalidClient("this app instance is unknown, expired or revoked: register it again")
         }
-        if let bound = instance.dpopJKT {
+        if checkingKey, let bound = instance.dpopJKT {
             guard let proof else {
                 throw .invalidDPoPProof("this instance registered with a DPoP key: every request carries a proof by it")
             }
             guard proof.thumbprint == bound else { throw .invalidDPoPProof("the DPoP proof is not by the key this instance registered with") }
         }
         return (instance, client)
+    }
+
+    /// `attestation: required`: tokens go to certified instances only, by every grant and under the
+    /// policy in force at the time of the grant (a reload that turns it on stops the refreshes of
+    /// instances that signed in without). The app's own client id is no way around it: its
+    /// instances register and certify, the app itself gets nothing.
+    func requireCertification(of client: AppClient, instance: InstanceRecord?) throws(OAuthError) {
+        guard let settings = client.instances, settings.attestation == .required else { return }
+        guard client.isInstance else {
+            throw .unauthorizedClient("this app gives tokens only to certified app instances: register one at /oauth/register and attest it")
+        }
+        guard let instance, instance.certification != nil else {
+            throw .unauthorizedClient(settings.manualCertification
+                ? "this app instance is not certified: attest it at /oauth/attestation, or sign in again to certify it by e-mailed code"
+                : "this app instance is not certified: attest it at /oauth/attestation first")
+        }
     }
 
     /// Marks an instance used (it expires `unused_lifetime` after its last sign-in or refresh); best effort.
@@ -123,6 +167,14 @@ extension Gatehouse {
 
     static let attestationChallengeKind = "attestation"
 
+    /// A genuine App Attest attestation object carries Apple's receipt (about 3.7 KB) beside its two
+    /// certificates: some 5.5 KB, 7.5 KB in base64. Artifacts get room for twice the largest seen
+    /// (the body as a whole stays under `server.max_body_bytes`, 16 KiB by default); every other
+    /// field keeps the 4 KiB of every form.
+    static let attestationFormLimits = FormParameters.Limits(fieldLimits: [
+        "attestation_object": 16 * 1024, "integrity_token": 16 * 1024, "assertion": 4 * 1024,
+    ])
+
     /// `POST /oauth/attestation`: the instance proves it is the genuine app, by an App Attest
     /// attestation (`type=apple`: `key_id`, `attestation_object`), an App Attest assertion by the
     /// key attested before (`type=apple_assertion`: `assertion`; its counter must grow), or a Play
@@ -132,7 +184,7 @@ extension Gatehouse {
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
         do throws(OAuthError) {
             let form = try await oauthForm(request, recognizing: ["client_id", "challenge", "type", "key_id", "attestation_object",
-                                                                  "assertion", "integrity_token"])
+                                                                  "assertion", "integrity_token"], limits: Self.attestationFormLimits)
             let proof = try await tokenEndpointProof(request, endpoint: "/oauth/attestation")
             let (instance, client) = try await liveInstance(form["client_id"], proof: proof)
             guard let settings = client.instances, settings.attestation != .off else {
@@ -150,8 +202,8 @@ extension Gatehouse {
             }
             let clientDataHash = Data(SHA256.hash(data: Data(challenge.utf8)))
             let method = try await certify(instance, form: form, settings: settings, challenge: challenge, clientDataHash: clientDataHash)
-            audit.record(.instance_certified, clientID: instance.softwareID, subject: nil, metadata: [
-                "instance": .string(Self.instanceLabel(instance.id)), "method": .string(method.rawValue),
+            audit.record(.instance_certified, clientID: instance.id, subject: nil, metadata: [
+                "method": .string(method.rawValue),
             ])
             return .oauthJSON(JSONCoding.encode(AttestationResponse(client_id: instance.id, certified: true, method: method.rawValue)))
         } catch {
@@ -246,12 +298,14 @@ extension Gatehouse {
     }
 
     /// The form of an OAuth endpoint, read within the body limit.
-    func oauthForm(_ request: Request, recognizing names: Set<String>) async throws(OAuthError) -> FormParameters {
+    func oauthForm(_ request: Request, recognizing names: Set<String>, limits: FormParameters.Limits = .init()) async throws(OAuthError)
+        -> FormParameters
+    {
         guard let body = await boundedBody(request) else {
             throw .invalidRequest("the body is larger than \(configuration.server.maximumBodyBytes) bytes")
         }
         do {
-            return try FormParameters(parsing: body.readableBytesView, recognizing: names)
+            return try FormParameters(parsing: body.readableBytesView, limits: limits, recognizing: names)
         } catch {
             throw .invalidRequest(error.description)
         }

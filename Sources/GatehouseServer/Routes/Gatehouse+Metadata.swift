@@ -5,8 +5,12 @@ import GatehouseUpstreams
 import Hummingbird
 
 extension Gatehouse {
-    /// `GET /.well-known/oauth-authorization-server` (RFC 8414 §3).
-    func metadata() -> Response {
+    /// `GET /.well-known/oauth-authorization-server` (RFC 8414 §3) and, with `openID`,
+    /// `GET /.well-known/openid-configuration` (OpenID Connect Discovery 1.0 §4), the one document
+    /// AppAuth fetches (iOS `discoverServiceConfigurationForIssuer:`, Android `fetchFromIssuer`):
+    /// the same endpoints and issuer (the `iss` of Gatehouse's ID tokens), plus the members
+    /// Discovery requires (`jwks_uri`, `subject_types_supported`, `id_token_signing_alg_values_supported`).
+    func metadata(openID: Bool = false) -> Response {
         let scopes = Set(configuration.clients.values.flatMap(\.scopes)).sorted()
         let document = AuthorizationServerMetadata(
             issuer: issuer,
@@ -22,14 +26,19 @@ extension Gatehouse {
             authorization_response_iss_parameter_supported: true,
             userinfo_endpoint: issuer + "/userinfo",
             end_session_endpoint: issuer + "/oauth/logout",
-            jwks_uri: publishedKeys.isEmpty ? nil : issuer + "/.well-known/jwks.json",
-            id_token_signing_alg_values_supported: signer == nil ? nil : ["ES256"],
+            jwks_uri: publishedKeys.isEmpty && !openID ? nil : issuer + "/.well-known/jwks.json",
+            id_token_signing_alg_values_supported: signer == nil && !openID ? nil : ["ES256"],
             registration_endpoint: configuration.clients.values.contains { $0.instances != nil } ? issuer + "/oauth/register" : nil,
             dpop_signing_alg_values_supported: configuration.clients.values.contains { $0.dpop != .off } ? Self.dpopAlgorithms : nil)
+        var published = document
+        if openID {
+            published.subject_types_supported = ["public"]
+            published.claims_supported = ["iss", "sub", "aud", "exp", "iat", "nonce", "sid"]
+        }
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "public, max-age=300"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(published))))
     }
 
     /// The DPoP proof algorithms Gatehouse verifies (RFC 9449 §5.1, and `algs` of its `WWW-Authenticate: DPoP`).
@@ -37,9 +46,9 @@ extension Gatehouse {
 
     /// `GET /.well-known/jwks.json` (RFC 7517): Gatehouse's ES256 key (assertions toward backends,
     /// ID tokens) and the RS256 keys of the access tokens it mints for `central` upstreams.
+    /// With no key (no ID tokens, no minted tokens), an empty set: discovery names this URL always.
     func jwks(_ request: Request) -> Response {
         let keys = publishedKeys
-        guard !keys.isEmpty else { return .problem(.notFound(), for: request) }
         var response = Response.json(["keys": keys], status: .ok)
         response.headers[.cacheControl] = "public, max-age=300"
         return response
@@ -94,6 +103,9 @@ struct AuthorizationServerMetadata: Encodable {
     var registration_endpoint: String? = nil
     /// RFC 9449 §5.1: the proof algorithms Gatehouse checks, when an app's tokens may be bound.
     var dpop_signing_alg_values_supported: [String]? = nil
+    /// OpenID Connect Discovery 1.0 §3 (the openid-configuration document only).
+    var subject_types_supported: [String]? = nil
+    var claims_supported: [String]? = nil
 }
 
 extension Response {

@@ -3,6 +3,7 @@ import GatehouseCore
 import GatehouseRelay
 import HTTPTypes
 import Hummingbird
+import Logging
 
 extension Gatehouse {
     static let sessionCodeKind = "session_code"
@@ -18,6 +19,16 @@ extension Gatehouse {
         }
         guard configuration.webviews != nil else {
             return .oauthError(.invalidRequest("web sessions are not configured (webviews)"))
+        }
+        // A web session is a grant too: under `attestation: required`, only a certified instance's session opens one.
+        if let client = configuration.appClient(for: view.clientID), client.instances?.attestation == .required {
+            do throws(OAuthError) {
+                let instance = client.isInstance ? try await liveInstance(view.clientID, proof: nil, checkingKey: false).0 : nil
+                try requireCertification(of: client, instance: instance)
+            } catch {
+                logger.info("session code refused", metadata: ["error": .string(error.code)])
+                return .oauthError(error)
+            }
         }
         let code = SecureToken.generate()
         do {

@@ -8,7 +8,8 @@ import NIOCore
 extension Gatehouse {
     /// `POST /oauth/token` (RFC 6749 §4.1.3 and §6, RFC 7636 §4.5). Every answer is JSON with
     /// `Cache-Control: no-store`; every failure an RFC 6749 §5.2 error.
-    func token(_ request: Request) async -> Response {
+    /// `peer`: the connection's address, for the limits counted per client address.
+    func token(_ request: Request, peer: String? = nil) async -> Response {
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
         guard let body = await boundedBody(request) else {
             return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
@@ -33,13 +34,10 @@ extension Gatehouse {
             if client.isInstance {
                 instance = try await liveInstance(client.clientID, proof: proof).0
             }
-            if case .authorizationCode = tokenRequest, let instance, client.instances?.attestation == .required, instance.certification == nil {
-                throw .unauthorizedClient(client.instances?.manualCertification == true
-                    ? "this app instance is not certified: attest it at /oauth/attestation, or sign in again to certify it by e-mailed code"
-                    : "this app instance is not certified: attest it at /oauth/attestation first")
-            }
+            try requireCertification(of: client, instance: instance)
             let binding = client.dpop == .off ? nil : proof?.thumbprint
-            let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding)
+            let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding,
+                                          address: limits.clientAddress(peer: peer, headers: request.headers))
             if let instance, let settings = client.instances { await touch(instance, settings: settings) }
             logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName),
                                                     "dpop": .stringConvertible(binding != nil)])
@@ -51,7 +49,7 @@ extension Gatehouse {
     }
 
     /// `binding`: the thumbprint of the request's verified DPoP proof, when the app's tokens may be bound.
-    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile, binding: String?)
+    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile, binding: String?, address: String?)
         async throws(OAuthError) -> Data
     {
         switch request {
@@ -79,11 +77,33 @@ extension Gatehouse {
                 guard !SessionServices.isGatehouseToken(refreshToken) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
+                try await admitUnknownRefreshToken(refreshToken, client: client, address: address)
                 let tokens = try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
                 // Passthrough tokens name nobody Gatehouse has verified: no subject.
                 audit.record(.refresh, clientID: client.clientID, subject: nil, metadata: ["upstream": .string(client.upstream)])
                 return tokens
             }
+        }
+    }
+
+    /// A passthrough refresh token Gatehouse has no record of costs an upstream call that may come
+    /// to nothing (junk): refused outright under `unknown_refresh_tokens: refuse`, and otherwise
+    /// limited per client address (`rate_limits.unknown_refresh_per_address`), so that nobody
+    /// turns made-up tokens into upstream load, or into a 429 that backs off every user.
+    private func admitUnknownRefreshToken(_ token: String, client: AppClient, address: String?) async throws(OAuthError) {
+        let known: Bool
+        do {
+            known = try await passthrough.owner(of: token) != nil
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        guard !known else { return }
+        if client.unknownRefreshTokens == .refuse {
+            throw .invalidGrant("the refresh token is invalid, expired or revoked")
+        }
+        if let limiter = limits.unknownRefreshPerAddress, let address, let wait = limiter.take(address) {
+            rateLimited(.unknown_refresh_address, clientID: client.clientID, subject: nil)
+            throw .rateLimited(retryAfter: wait.retryAfterSeconds)
         }
     }
 

@@ -1,16 +1,19 @@
 import Foundation
 import GatehouseCore
 import Logging
+import Metrics
 import ServiceLifecycle
 
 /// Deletes expired transactions and codes on a fixed interval. Expired rows are already
-/// unusable (every consume checks expiry); sweeping only keeps the store small.
+/// unusable (every consume checks expiry); sweeping only keeps the store small. After each
+/// sweep (and at start) it reports how many instance rows the store holds (`gatehouse_instances`).
 struct ExpirySweeper: Service {
-    let store: any AuthorizationStore
+    let store: any GatehouseStore
     let interval: Duration
     let logger: Logger
 
     func run() async throws {
+        await countInstances()
         try? await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 try await Task.sleep(for: interval)
@@ -26,5 +29,11 @@ struct ExpirySweeper: Service {
         } catch {
             logger.warning("sweeping expired rows failed", metadata: ["error_type": .string(String(describing: type(of: error)))])
         }
+        await countInstances()
+    }
+
+    private func countInstances() async {
+        guard let count = try? await store.instanceCount() else { return }
+        Gauge(label: GatehouseMetrics.instancesStored).record(count)
     }
 }

@@ -33,30 +33,26 @@ extension Gatehouse {
 
     enum ProofUse { case fresh, replayed, unavailable }
 
-    /// Spends a proof's `jti` (per key): the in-memory cache answers a replay to this instance
-    /// without the store. On PostgreSQL every proof id is written to the store too, where the
-    /// other instances find it. On SQLite (one instance) the store is written only with what the
-    /// memory cache forgets before it expires, and asked only while it does (saturated).
+    /// Spends a proof's `jti` (per key). The in-memory cache answers a replay to this instance
+    /// without the store; every first use is then written to the store, on SQLite as on
+    /// PostgreSQL, so that a proof used once is refused after a restart (the memory is gone) and
+    /// by every other instance. A store that cannot be reached refuses the proof (503), never
+    /// accepts it unrecorded.
     func spend(_ proof: VerifiedDPoPProof) async -> ProofUse {
         let lifetime = configuration.dpop.proofLifetime.inSeconds
-        // A proof is accepted while its iat is within the lifetime: remember its jti that long, and more.
+        // A proof is accepted while its iat is within the lifetime either way: remember its jti that long, and more.
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
         let key = proof.thumbprint + ":" + proof.jti
         let now = self.now()
         let (fresh, spill) = dpopReplays.firstUse(key, until: until, now: now)
+        // What memory forgets is in the store already: each entry was written there at its first use.
+        dpopReplays.spilled(spill.map(\.key))
         guard fresh else { return .replayed }
         do {
-            for entry in spill {
-                _ = try await store.insertOnce(kind: "dpop_jti", keyHash: SecureToken.hash(entry.key), value: Data(),
-                                               expiresAt: entry.until, now: now)
-            }
-            dpopReplays.spilled(spill.map(\.key))
-            guard configuration.store.postgres != nil || dpopReplays.isSaturated(now: now) else { return .fresh }
             let stored = try await store.insertOnce(kind: "dpop_jti", keyHash: SecureToken.hash(key), value: Data(),
                                                     expiresAt: max(until, now.addingTimeInterval(1)), now: now)
             return stored ? .fresh : .replayed
         } catch {
-            dpopReplays.spilled(spill.map(\.key))
             return .unavailable
         }
     }

@@ -28,22 +28,37 @@ extension PostgresStore {
         "CREATE INDEX certifications_expiry ON certifications (expires_at)",
     ]
 
+    /// Registration limits: the redirect URIs an instance narrowed its app's to, and the instances
+    /// of an app that never completed a sign-in (what a registration flood leaves), counted cheaply.
+    static let instanceLimitsSchema = [
+        "ALTER TABLE instances ADD COLUMN redirect_uris TEXT",
+        "CREATE INDEX instances_pending ON instances (software_id, expires_at) WHERE last_used_at = created_at",
+    ]
+
     private static let instanceColumns = """
         id, software_id, dpop_jkt, certification, certified_at, apple_key_id, apple_public_key, apple_counter, \
-        created_at, last_used_at, expires_at, revoked_at
+        created_at, last_used_at, expires_at, revoked_at, redirect_uris
         """
 
     // MARK: Instances
 
-    public func insertInstance(_ instance: InstanceRecord) async throws {
-        try await query(
+    public func insertInstance(_ instance: InstanceRecord, maximumPending: Int, now: Date) async throws -> Bool {
+        !(try await query(
             """
             INSERT INTO instances (id, software_id, dpop_jkt, certification, certified_at, apple_key_id, apple_public_key, apple_counter,
-                                   created_at, last_used_at, expires_at, revoked_at)
-            VALUES (\(instance.id), \(instance.softwareID), \(instance.dpopJKT), \(instance.certification?.rawValue),
-                    \(instance.certifiedAt.map(ms)), \(instance.appleKeyID), \(instance.applePublicKey), \(instance.appleCounter),
-                    \(ms(instance.createdAt)), \(ms(instance.lastUsedAt)), \(ms(instance.expiresAt)), \(instance.revokedAt.map(ms)))
-            """, logger: logger)
+                                   created_at, last_used_at, expires_at, revoked_at, redirect_uris)
+            SELECT \(instance.id), \(instance.softwareID), \(instance.dpopJKT), \(instance.certification?.rawValue),
+                   \(instance.certifiedAt.map(ms)), \(instance.appleKeyID), \(instance.applePublicKey), \(instance.appleCounter),
+                   \(ms(instance.createdAt)), \(ms(instance.lastUsedAt)), \(ms(instance.expiresAt)), \(instance.revokedAt.map(ms)),
+                   \(instance.redirectURIsJSON)
+            WHERE (SELECT count(*) FROM instances WHERE software_id = \(instance.softwareID) AND last_used_at = created_at
+                   AND expires_at > \(ms(now)) AND revoked_at IS NULL) < \(maximumPending)
+            RETURNING 1
+            """, logger: logger)).isEmpty
+    }
+
+    public func instanceCount() async throws -> Int {
+        try await query("SELECT count(*)::BIGINT FROM instances", logger: logger).first?.decode(Int.self) ?? 0
     }
 
     public func instance(id: String) async throws -> InstanceRecord? {
@@ -99,11 +114,12 @@ extension PostgresStore {
     private func instances(_ statement: PostgresQuery) async throws -> [InstanceRecord] {
         var result: [InstanceRecord] = []
         for row in try await query(statement, logger: logger) {
-            let c = try row.decode((String, String, String?, String?, Int?, String?, Data?, Int, Int, Int, Int, Int?).self)
+            let c = try row.decode((String, String, String?, String?, Int?, String?, Data?, Int, Int, Int, Int, Int?, String?).self)
             result.append(InstanceRecord(
                 id: c.0, softwareID: c.1, dpopJKT: c.2, certification: c.3.flatMap(InstanceCertification.init(rawValue:)),
                 certifiedAt: c.4.map(Self.date), appleKeyID: c.5, applePublicKey: c.6, appleCounter: c.7, createdAt: Self.date(c.8),
-                lastUsedAt: Self.date(c.9), expiresAt: Self.date(c.10), revokedAt: c.11.map(Self.date)))
+                lastUsedAt: Self.date(c.9), expiresAt: Self.date(c.10), revokedAt: c.11.map(Self.date),
+                redirectURIs: InstanceRecord.redirectURIs(json: c.12)))
         }
         return result
     }

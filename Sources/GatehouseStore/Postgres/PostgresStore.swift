@@ -96,6 +96,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             "CREATE INDEX passthrough_tokens_expiry ON passthrough_tokens (expires_at)",
         ],
         instanceSchema,
+        instanceLimitsSchema,
     ]
 
     // MARK: Authorization state

@@ -50,22 +50,39 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
         "CREATE INDEX certifications_expiry ON certifications (expires_at)",
     ]
 
+    /// Registration limits: the redirect URIs an instance narrowed its app's to, and the instances
+    /// of an app that never completed a sign-in (what a registration flood leaves), counted cheaply.
+    static let instanceLimitsSchema = [
+        "ALTER TABLE instances ADD COLUMN redirect_uris TEXT",
+        "CREATE INDEX instances_pending ON instances (software_id, expires_at) WHERE last_used_at = created_at",
+    ]
+
     private static let instanceColumns = """
         id, software_id, dpop_jkt, certification, certified_at, apple_key_id, apple_public_key, apple_counter, \
-        created_at, last_used_at, expires_at, revoked_at
+        created_at, last_used_at, expires_at, revoked_at, redirect_uris
         """
 
     // MARK: Instances
 
-    public func insertInstance(_ instance: InstanceRecord) async throws {
-        try await connection.query(
-            "INSERT INTO instances (\(Self.instanceColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    public func insertInstance(_ instance: InstanceRecord, maximumPending: Int, now: Date) async throws -> Bool {
+        !(try await connection.query(
+            """
+            INSERT INTO instances (\(Self.instanceColumns)) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+            WHERE (SELECT count(*) FROM instances WHERE software_id = ? AND last_used_at = created_at AND expires_at > ?
+                   AND revoked_at IS NULL) < ?
+            RETURNING 1
+            """,
             [.text(instance.id), .text(instance.softwareID), instance.dpopJKT.map(SQLiteData.text) ?? .null,
              instance.certification.map { .text($0.rawValue) } ?? .null, Self.optionalTime(instance.certifiedAt),
              instance.appleKeyID.map(SQLiteData.text) ?? .null, instance.applePublicKey.map { .blob(ByteBuffer(bytes: $0)) } ?? .null,
              .integer(instance.appleCounter), .integer(Self.milliseconds(instance.createdAt)),
              .integer(Self.milliseconds(instance.lastUsedAt)), .integer(Self.milliseconds(instance.expiresAt)),
-             Self.optionalTime(instance.revokedAt)])
+             Self.optionalTime(instance.revokedAt), instance.redirectURIsJSON.map(SQLiteData.text) ?? .null,
+             .text(instance.softwareID), .integer(Self.milliseconds(now)), .integer(maximumPending)])).isEmpty
+    }
+
+    public func instanceCount() async throws -> Int {
+        try await connection.query("SELECT count(*) AS n FROM instances", []).first?.column("n")?.integer ?? 0
     }
 
     public func instance(id: String) async throws -> InstanceRecord? {
@@ -128,7 +145,8 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
             certifiedAt: row.column("certified_at")?.integer.map(date), appleKeyID: row.column("apple_key_id")?.string,
             applePublicKey: row.column("apple_public_key")?.blob.map { Data($0.readableBytesView) },
             appleCounter: row.column("apple_counter")?.integer ?? 0, createdAt: date(created), lastUsedAt: date(used),
-            expiresAt: date(expires), revokedAt: row.column("revoked_at")?.integer.map(date))
+            expiresAt: date(expires), revokedAt: row.column("revoked_at")?.integer.map(date),
+            redirectURIs: InstanceRecord.redirectURIs(json: row.column("redirect_uris")?.string))
     }
 
     // MARK: Single use

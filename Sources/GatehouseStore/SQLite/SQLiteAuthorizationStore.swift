@@ -42,7 +42,7 @@ public final class SQLiteAuthorizationStore: AuthorizationStore {
     }
 
     /// Versioned schema changes, applied in order at start. Append; never edit a released one.
-    static let migrations: [[String]] = [authorizationSchema, sessionSchema, passthroughSchema, instanceSchema]
+    static let migrations: [[String]] = [authorizationSchema, sessionSchema, passthroughSchema, instanceSchema, instanceLimitsSchema]
 
     static let authorizationSchema = [
         """
