@@ -55,6 +55,14 @@ struct CentralConfigurationTests {
         #expect(upstream.identity?.attributePaths["email"] == "/data/email")
     }
 
+    @Test func anAPIBaseWhosePathCannotBeSignedAsWrittenIsRefused() {
+        for base in ["https://www.broccoliapps.com/api?x=1", "https://www.broccoliapps.com/a%70i", "https://www.broccoliapps.com/ap i",
+                     "https://www.broccoliapps.com//api"] {
+            let problems = Self.problems(Self.document(upstream: [("api_base", Self.s(base))], dropping: ["api_base"]))
+            #expect(problems.contains { $0.hasPrefix("upstreams[0].api_base:") }, "\(base): \(problems)")
+        }
+    }
+
     @Test func developmentIsFiveMinutesAndAnHour() throws {
         let configuration = try GatehouseConfiguration.decode(Self.document(upstream: [("environment", Self.s("development"))]),
                                                               secrets: Self.secrets)

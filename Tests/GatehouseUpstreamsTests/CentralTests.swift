@@ -56,6 +56,24 @@ struct CentralTests {
         #expect(byName["x-ba-signature"] == vector.signature)
     }
 
+    /// The published client signs `/api/v1/auth/…` and posts it to `{baseUrl}/api/v1/auth/…`; with
+    /// `api_base` `{baseUrl}/api` Gatehouse must sign that same path, the one its request carries.
+    @Test func theSignedPathIsTheRequestsPathWithTheAPIBasePrefix() throws {
+        let target = CentralClient.target(apiBase: "https://www.broccoliapps.com/api", route: "/v1/auth/verify")
+        #expect(target.url == "https://www.broccoliapps.com/api/v1/auth/verify")
+        #expect(target.signedPath == "/api/v1/auth/verify")
+        #expect(CentralClient.target(apiBase: "http://127.0.0.1:8080", route: "/v1/auth/email").signedPath == "/v1/auth/email")
+        #expect(CentralClient.target(apiBase: "https://gw.example/tenant/x/api", route: "/v1/auth/verify-native").signedPath
+            == "/tenant/x/api/v1/auth/verify-native")
+        // The Node vector on the real route, signed through the path Gatehouse derives.
+        let vectors = try Self.vectors()
+        let vector = try #require(vectors.vectors.first { $0.name == "api-verify" })
+        let signer = try CentralRequestSigner(privateKeyPEM: Self.fixture(vectors.privateKeyFile))
+        #expect(vector.path == target.signedPath)
+        #expect(try signer.signature(appID: vectors.appId, path: target.signedPath, body: vector.body, timestamp: vector.timestamp)
+            == vector.signature)
+    }
+
     @Test func stringsAreEscapedAsJSONStringifyDoes() {
         #expect(CentralRequestSigner.javaScriptString("a\"b\\c/d") == #""a\"b\\c/d""#)
         #expect(CentralRequestSigner.javaScriptString("\u{08}\u{0C}\n\r\t\u{01}\u{1F}") == #""\b\f\n\r\t\u0001\u001f""#)

@@ -31,7 +31,8 @@ public struct CentralSettings: UpstreamProfileSettings {
         public var jwksURL: String
     }
 
-    /// S2S base: `{apiBase}/v1/auth/verify`.
+    /// S2S base: `{apiBase}/v1/auth/verify`. The broccoliapps provider's routes are under `/api`
+    /// (`https://www.broccoliapps.com/api`); the signature covers the whole path, `/api/v1/auth/verify`.
     public var apiBase: String
     /// Browser base: `{webBase}/auth?app=…&provider=…`.
     public var webBase: String
@@ -70,7 +71,19 @@ public struct CentralSettings: UpstreamProfileSettings {
 
 extension CentralSettings {
     static func decode(_ map: MappingReader, clientID: String?) -> CentralSettings? {
-        let apiBase = GatehouseConfiguration.endpoint("api_base", in: map).map(trimmingSlash)
+        let apiBase = GatehouseConfiguration.endpoint("api_base", in: map).map(trimmingSlash).flatMap { base -> String? in
+            // The S2S signature covers the request's path, api_base's own included: keep that path to
+            // characters sent as written, so the path signed is the path the provider receives.
+            let afterScheme = base.range(of: "://").map { base[$0.upperBound...] } ?? base[...]
+            let path = afterScheme.firstIndex(of: "/").map { afterScheme[$0...] } ?? ""
+            let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/-._~")
+            guard !base.contains("?"), path.allSatisfy(allowed.contains), !path.contains("//") else {
+                map.reader.report(map.childPath("api_base"), map.value("api_base"),
+                                  "must have no query and a path of letters, digits and / - . _ ~ only (the S2S signature covers it)")
+                return nil
+            }
+            return base
+        }
         let webBase = GatehouseConfiguration.endpoint("web_base", in: map).map(trimmingSlash)
         let provider = map.choice("provider", default: Provider.google)
         let environment = map.choice("environment", default: Environment.production)
