@@ -23,8 +23,6 @@ public struct Gatehouse: Sendable {
     public let signer: AssertionSigner?
     /// Magic links sent per address, per `central` upstream with `app_api`.
     let magicLinkLimiters: [String: MagicLinkLimiter]
-    /// Sign in with Apple identity tokens already taken (each opens one session).
-    let appleTokensTaken: SingleUseTokens
     /// The token buckets of `rate_limits`.
     public let limits: RateLimiters
     /// Security events (sign-ins, refreshes, revocations …).
@@ -52,7 +50,6 @@ public struct Gatehouse: Sendable {
         self.logger = logger
         self.audit = audit
         self.limits = RateLimiters(configuration.operations.rateLimits, previous: previous?.limits)
-        self.appleTokensTaken = previous?.appleTokensTaken ?? SingleUseTokens()
         self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
             (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
         }

@@ -63,6 +63,18 @@ struct CentralConfigurationTests {
         }
     }
 
+    @Test func appleNoncesAreRequiredUnlessTurnedOff() throws {
+        func apple(_ extra: [(String, ConfigNode)]) throws -> CentralSettings.Apple? {
+            let section = Self.m([("bundle_id", Self.s("com.broccoliapps.tasquito"))] + extra)
+            let configuration = try GatehouseConfiguration.decode(Self.document(upstream: [("apple", section)]), secrets: Self.secrets)
+            return (configuration.upstreams["tasquito"]?.profile as? CentralSettings)?.apple
+        }
+        #expect(try apple([])?.requireNonce == true)
+        #expect(try apple([("require_nonce", Self.s("false"))])?.requireNonce == false)
+        let problems = Self.problems(Self.document(upstream: [("apple", Self.m([("bundle_id", Self.s("b")), ("require_nonce", Self.s("maybe"))]))]))
+        #expect(problems.contains("upstreams[0].apple.require_nonce: must be true or false"), "\(problems)")
+    }
+
     @Test func developmentIsFiveMinutesAndAnHour() throws {
         let configuration = try GatehouseConfiguration.decode(Self.document(upstream: [("environment", Self.s("development"))]),
                                                               secrets: Self.secrets)

@@ -86,13 +86,18 @@ extension Gatehouse {
             logger.info("Apple identity token refused", metadata: ["check": .string(error.check)])
             throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["\(error.check): \(error.detail)"])
         }
-        switch appleTokensTaken.take(body["identityToken"] ?? "", validUntil: identity.expiresAt, now: now()) {
-        case .first: break
-        case .replay:
+        // Single use, in the store (every instance, across restarts), until the token's own expiry.
+        let firstUse: Bool
+        do {
+            firstUse = try await store.insertOnce(kind: Self.appleIdentityTokenKind, keyHash: SecureToken.hash(body["identityToken"] ?? ""),
+                                                  value: Data(), expiresAt: identity.expiresAt, now: now())
+        } catch {
+            logger.error("the store could not record an Apple identity token's use", metadata: ["upstream": .string(upstream.settings.name)])
+            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 5)
+        }
+        guard firstUse else {
             logger.notice("security event: an Apple identity token was presented again", metadata: ["upstream": .string(upstream.settings.name)])
             throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["replay: this identity token was already used"])
-        case .full:
-            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 10)
         }
         let fullName = body.values["fullName"] as? [String: Any]
         let parts = [fullName?["givenName"] as? String, fullName?["familyName"] as? String].compactMap { $0 }.filter { !$0.isEmpty }
@@ -107,6 +112,9 @@ extension Gatehouse {
         user.provider = "apple"
         return try await signedIn(user, clientID: clientID, upstream: upstream)
     }
+
+    /// The single-use kind of a Sign in with Apple identity token taken by `verify-apple`.
+    static let appleIdentityTokenKind = "apple_identity_token"
 
     /// The seed's token answer: `{accessToken, accessTokenExpiresAt, refreshToken, refreshTokenExpiresAt, user}`;
     /// `user` carries both the seed's app shape (`id`, `isNewUser`) and the central one (`userId`, `provider`).

@@ -29,6 +29,14 @@ public struct CentralSettings: UpstreamProfileSettings {
         public static let issuer = "https://appleid.apple.com"
         public var bundleID: String
         public var jwksURL: String
+        /// `require_nonce` (default true): a request without the raw nonce is refused.
+        public var requireNonce: Bool
+
+        public init(bundleID: String, jwksURL: String, requireNonce: Bool = true) {
+            self.bundleID = bundleID
+            self.jwksURL = jwksURL
+            self.requireNonce = requireNonce
+        }
     }
 
     /// S2S base: `{apiBase}/v1/auth/verify`. The broccoliapps provider's routes are under `/api`
@@ -140,8 +148,9 @@ extension CentralSettings {
         if let section = map.mapping("apple") {
             let bundleID = section.string("bundle_id", required: true)
             let jwks = section.value("jwks_url") == nil ? "https://appleid.apple.com/auth/keys" : GatehouseConfiguration.endpoint("jwks_url", in: section)
+            let requireNonce = section.bool("require_nonce") ?? true
             section.finish()
-            if let bundleID, let jwks { apple = Apple(bundleID: bundleID, jwksURL: jwks) }
+            if let bundleID, let jwks { apple = Apple(bundleID: bundleID, jwksURL: jwks, requireNonce: requireNonce) }
         }
         guard let apiBase, let webBase, let s2sKey, let tokenKeys else { return nil }
         return CentralSettings(apiBase: apiBase, webBase: webBase, provider: provider, s2sKey: s2sKey, tokenKeys: tokenKeys,
