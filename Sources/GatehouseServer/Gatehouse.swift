@@ -21,7 +21,7 @@ public struct Gatehouse: Sendable {
     let passthrough: PassthroughRefresher
     /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
     public let signer: AssertionSigner?
-    /// Magic links sent per address, per `central` upstream with `app_api`.
+    /// Magic links sent per mailbox and per client address, per `central` upstream with `app_api`.
     let magicLinkLimiters: [String: MagicLinkLimiter]
     /// The token buckets of `rate_limits`.
     public let limits: RateLimiters
@@ -51,7 +51,9 @@ public struct Gatehouse: Sendable {
         self.audit = audit
         self.limits = RateLimiters(configuration.operations.rateLimits, previous: previous?.limits)
         self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
-            (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
+            (profile as? CentralUpstream).map {
+                MagicLinkLimiter(mailboxLimit: $0.central.magicLinkLimit, addressLimit: $0.central.magicLinkAddressLimit)
+            }
         }
         self.mailer = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
         self.dpopReplays = previous?.dpopReplays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)

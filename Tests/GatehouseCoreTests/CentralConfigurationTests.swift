@@ -50,6 +50,7 @@ struct CentralConfigurationTests {
         #expect(central.rotation == .everyUse)
         #expect(central.provider == .google)
         #expect(central.magicLinkLimit == 5)
+        #expect(central.magicLinkAddressLimit == 20)
         #expect(central.tokenKeys.issuer == "tasquito")
         #expect(upstream.identity?.kind == .gatehouse)
         #expect(upstream.identity?.attributePaths["email"] == "/data/email")

@@ -13,7 +13,8 @@ extension Gatehouse {
         case verifyApple = "verify-apple"
     }
 
-    func centralAPI(_ request: Request, endpoint: CentralEndpoint, upstream: CentralUpstream) async -> Response {
+    /// `peer`: the connection's remote address, from which `rate_limits` resolves the client's.
+    func centralAPI(_ request: Request, endpoint: CentralEndpoint, upstream: CentralUpstream, peer: String?) async -> Response {
         guard let api = upstream.central.appAPI else { return CentralAPIError(status: 404, message: "Not Found").response }
         var request = request
         do throws(CentralAPIError) {
@@ -42,9 +43,12 @@ extension Gatehouse {
             case .sendMagicLink:
                 let body = try await CentralAPIRequest(&request, limit: limit, fields: [("email", .email, true), ("platform", .word(["mobile"]), false)])
                 let email = body["email"] ?? ""
-                if let wait = magicLinkLimiters[upstream.settings.name]?.admit(email, now: now()) {
-                    logger.notice("magic link refused: too many for one address this hour", metadata: ["upstream": .string(upstream.settings.name)])
-                    throw CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: wait)
+                let clientAddress = limits.clientAddress(peer: peer, headers: request.headers)
+                if let refusal = magicLinkLimiters[upstream.settings.name]?.admit(email, clientAddress: clientAddress, now: now()) {
+                    logger.notice("magic link refused: too many this hour", metadata: [
+                        "upstream": .string(upstream.settings.name), "limit": .string(refusal.limit.rawValue),
+                    ])
+                    throw CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: refusal.retryAfter)
                 }
                 do throws(CentralFailure) {
                     try await upstream.client.sendMagicLink(email: email, platform: body["platform"])

@@ -52,13 +52,17 @@ public struct CentralSettings: UpstreamProfileSettings {
     public var accessTokenLifetime: Duration
     public var refreshTokenLifetime: Duration
     public var rotation: Rotation
+    /// Magic links per mailbox per hour (`magic_link_limit`, the provider's 5 by default).
     public var magicLinkLimit: Int
+    /// Magic links per client address per hour, whatever their mailboxes (`magic_link_address_limit`).
+    public var magicLinkAddressLimit: Int
     public var appAPI: AppAPI?
     public var apple: Apple?
 
     public init(apiBase: String, webBase: String, provider: Provider = .google, s2sKey: CentralRequestSigner, tokenKeys: CentralTokenKeys,
                 accessTokenLifetime: Duration = .seconds(86400), refreshTokenLifetime: Duration = .seconds(365 * 86400),
-                rotation: Rotation = .everyUse, magicLinkLimit: Int = 5, appAPI: AppAPI? = nil, apple: Apple? = nil) {
+                rotation: Rotation = .everyUse, magicLinkLimit: Int = 5, magicLinkAddressLimit: Int = 20, appAPI: AppAPI? = nil,
+                apple: Apple? = nil) {
         self.apiBase = apiBase
         self.webBase = webBase
         self.provider = provider
@@ -68,6 +72,7 @@ public struct CentralSettings: UpstreamProfileSettings {
         self.refreshTokenLifetime = refreshTokenLifetime
         self.rotation = rotation
         self.magicLinkLimit = magicLinkLimit
+        self.magicLinkAddressLimit = magicLinkAddressLimit
         self.appAPI = appAPI
         self.apple = apple
     }
@@ -101,6 +106,7 @@ extension CentralSettings {
             ?? (environment == .production ? .seconds(365 * 86400) : .seconds(3600))
         let rotation = map.choice("refresh_rotation", default: Rotation.everyUse)
         let limit = map.integer("magic_link_limit", in: 1...1000) ?? 5
+        let addressLimit = map.integer("magic_link_address_limit", in: 1...100_000) ?? 20
         let s2sKey = map.string("s2s_private_key_file", required: true).flatMap { path -> CentralRequestSigner? in
             guard let pem = readKeyFile(path, key: "s2s_private_key_file", in: map) else { return nil }
             do {
@@ -155,7 +161,7 @@ extension CentralSettings {
         guard let apiBase, let webBase, let s2sKey, let tokenKeys else { return nil }
         return CentralSettings(apiBase: apiBase, webBase: webBase, provider: provider, s2sKey: s2sKey, tokenKeys: tokenKeys,
                                accessTokenLifetime: access, refreshTokenLifetime: refresh, rotation: rotation,
-                               magicLinkLimit: limit, appAPI: appAPI, apple: apple)
+                               magicLinkLimit: limit, magicLinkAddressLimit: addressLimit, appAPI: appAPI, apple: apple)
     }
 
     private static func trimmingSlash(_ url: String) -> String {
