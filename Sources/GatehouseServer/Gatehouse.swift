@@ -21,10 +21,8 @@ public struct Gatehouse: Sendable {
     let passthrough: PassthroughRefresher
     /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
     public let signer: AssertionSigner?
-    /// Magic links sent per address, per `central` upstream with `app_api`.
+    /// Magic links sent per mailbox and per client address, per `central` upstream with `app_api`.
     let magicLinkLimiters: [String: MagicLinkLimiter]
-    /// Sign in with Apple identity tokens already taken (each opens one session).
-    let appleTokensTaken: SingleUseTokens
     /// The token buckets of `rate_limits`.
     public let limits: RateLimiters
     /// Security events (sign-ins, refreshes, revocations …).
@@ -52,9 +50,10 @@ public struct Gatehouse: Sendable {
         self.logger = logger
         self.audit = audit
         self.limits = RateLimiters(configuration.operations.rateLimits, previous: previous?.limits)
-        self.appleTokensTaken = previous?.appleTokensTaken ?? SingleUseTokens()
         self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
-            (profile as? CentralUpstream).map { MagicLinkLimiter(limit: $0.central.magicLinkLimit) }
+            (profile as? CentralUpstream).map {
+                MagicLinkLimiter(mailboxLimit: $0.central.magicLinkLimit, addressLimit: $0.central.magicLinkAddressLimit)
+            }
         }
         self.mailer = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
         self.dpopReplays = previous?.dpopReplays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)

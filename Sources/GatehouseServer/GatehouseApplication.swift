@@ -82,7 +82,9 @@ public enum GatehouseApplication {
         router.get("/app/auth/callback") { request, _ in await holder.current.centralCallback(request) }
         for (path, endpoint, upstream) in centralRoutes {
             // Upstream profiles carry over a reload unchanged: the one captured here stays the one in force.
-            router.post(RouterPath(path)) { request, _ in await holder.current.centralAPI(request, endpoint: endpoint, upstream: upstream) }
+            router.post(RouterPath(path)) { request, context in
+                await holder.current.centralAPI(request, endpoint: endpoint, upstream: upstream, peer: context.remoteAddress)
+            }
         }
         if let metrics, !metricsAllowed.isEmpty {
             router.get("/metrics") { request, context in

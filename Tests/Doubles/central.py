@@ -36,8 +36,11 @@ Endpoints:
     POST /api/v1/auth/email           S2S {"app","email","platform"?:"mobile"} → 200 {"success":true}; the 6th
                                       accepted send for one address within an hour → 429
     POST /api/v1/auth/verify-native   S2S {"app","email","name","provider":"apple"} → 200 {"user":{…}} (get-or-create)
-         (the same three also answer without the /api prefix: the published signer posts to
-          {baseUrl}/v1/auth/…; the signed path is the contract path /v1/auth/… either way)
+         (the routes are the contract paths: central-auth.ts declares them with `api(…, "/v1/auth/…")`,
+          and contract.ts's `api` prefixes "/api"; the published signer posts to {baseUrl}/api/v1/auth/…
+          and signs that same "/api/v1/auth/…". Without the prefix there is no route: 404. The signature
+          is checked against the path the request arrived on (the raw request target, query dropped),
+          never against anything the caller says about it.)
     GET  /auth?app&provider[&platform=mobile]   signs in the next user at once (no Cognito): a 60 s single-use
                                       code, 302 to {baseUrl}/app/auth/callback?code=… (or {mobileScheme}://auth/callback?code=…)
     GET  /auth/email-callback?token=  magic link (15 min, single use; unknown 404, expired 410) → code → 302 as above
@@ -135,7 +138,7 @@ CODE_LIFETIME_MS = 60_000              # auth-callback.ts / email-callback.ts: D
 MAGIC_LINK_LIFETIME_MS = 15 * 60_000   # email.ts: Duration.minutes(15)
 RATE_PERIOD_MS = 3_600_000             # email.ts: period "1h"
 APPLE_ISSUER = "https://appleid.apple.com"
-S2S_ROUTES = {"/v1/auth/verify": "verify", "/v1/auth/email": "email", "/v1/auth/verify-native": "verify-native"}
+S2S_ROUTES = {"/api/v1/auth/verify": "verify", "/api/v1/auth/email": "email", "/api/v1/auth/verify-native": "verify-native"}
 FAULT_ENDPOINTS = {"verify", "email", "verify-native", "auth", "email-callback", "apple_keys"}
 FAULT_KINDS = {"down", "500", "garbage", "wrong_shape", "401", "429", "slow", "none"}
 # valibot's EMAIL_REGEX (the `u` flag keeps \w ASCII).
@@ -451,8 +454,9 @@ class Central:
 
     # ----- S2S (api-router.ts + s2s.ts)
 
-    def s2s(self, endpoint, contract_path, url_path, headers, raw):
-        """Returns (status, JSON value) or raises Answer. Records the request in stats."""
+    def s2s(self, endpoint, url_path, headers, raw):
+        """Returns (status, JSON value) or raises Answer. Records the request in stats. `url_path` is
+        the path the request arrived on; the signature must cover exactly it."""
         app_id = headers.get("x-ba-app") or ""
         timestamp = headers.get("x-ba-request-timestamp") or ""
         signature = headers.get("x-ba-signature") or ""
@@ -466,7 +470,7 @@ class Central:
             self.stats["requests"][endpoint] += 1
             self.stats["s2s"]["log"].append(entry)
         try:
-            self.verify_s2s(app_id, timestamp, signature, contract_path, text, raw, content_hash)
+            self.verify_s2s(app_id, timestamp, signature, url_path, text, raw, content_hash)
         except Answer as refusal:
             with self.lock:
                 s2s = self.stats["s2s"]
@@ -884,11 +888,12 @@ def make_handler(central, quiet):
                 return self.send_json(status, value)
             if path == "/_control/stats" and method == "GET":
                 return self.send_json(200, central.public_stats())
-            contract_path = path[len("/api"):] if path.startswith("/api/") else path
-            if contract_path in S2S_ROUTES:
+            if path in S2S_ROUTES:
                 if method != "POST":
                     return self.send_json(404, {"status": 404, "message": "Not Found"})
-                return self.s2s(S2S_ROUTES[contract_path], contract_path, path, body)
+                # api-router.ts verifies against the route it registered, which is the path this
+                # request arrived on: the raw request target's path, never a re-encoded one.
+                return self.s2s(S2S_ROUTES[path], path, body)
             if path == "/auth" and method == "GET":
                 return self.page("auth", central.auth_page, params)
             if path == "/auth/email-callback" and method == "GET":
@@ -902,10 +907,10 @@ def make_handler(central, quiet):
                 return self.send_json(200, central.apple_jwks())
             return self.send_json(404, {"status": 404, "message": "Not Found"})
 
-        def s2s(self, endpoint, contract_path, url_path, body):
+        def s2s(self, endpoint, url_path, body):
             headers = {name.lower(): self.headers.get(name) for name in self.headers.keys()}
             try:
-                status, value = central.s2s(endpoint, contract_path, url_path, headers, body)
+                status, value = central.s2s(endpoint, url_path, headers, body)
             except Answer as answer:
                 note = f"{answer.message} ({answer.detail or answer.message})" if answer.status == 401 else ""
                 return self.send_json(answer.status, answer.body(), note=note)

@@ -87,8 +87,8 @@ def body_of(**fields):
     return "{" + ",".join(f"{cd.js_json_string(k)}:{cd.js_json_string(v)}" for k, v in fields.items()) + "}"
 
 
-def post(double, path, body, headers, prefix="/api"):
-    return requests.post(f"{double.url}{prefix}{path}", data=body.encode() if isinstance(body, str) else body,
+def post(double, path, body, headers):
+    return requests.post(f"{double.url}{path}", data=body.encode() if isinstance(body, str) else body,
                          headers=headers, timeout=10, allow_redirects=False)
 
 
@@ -152,25 +152,37 @@ def check_vectors(workdir):
 
 
 def send_vectors(double, document):
-    expected = {"verify": (404, "Auth code not found"), "email": (200, None), "email-mobile": (200, None),
-                "verify-native-non-ascii": (200, None), "verify-native-escapes": (200, None),
-                "verify-raw-whitespace": (404, "Auth code not found"), "raw-controls": (400, "Validation Error")}
+    # The vectors on the real routes ("/api/v1/auth/…") are accepted where they are sent. Those signed
+    # for the path without "/api" pin the canonical JSON only: sent to the route, their signature does
+    # not cover the path they arrived on, so each is refused (and their bodies never reach a handler).
+    expected = {"api-verify": (404, "Auth code not found"), "api-email": (200, None), "api-email-mobile": (200, None),
+                "api-verify-native-non-ascii": (200, None), "api-verify-native-escapes": (200, None)}
+    routed = [v for v in document["vectors"] if v["path"].startswith("/api/")]
+    check({v["name"] for v in routed} == set(expected), "the vectors on the real routes are the listed ones")
+    last = []
     for v in document["vectors"]:
         double.clock(now_ms=int(v["timestamp"]) + 2000)  # the vectors' time, 2 s later
         headers = {"Content-Type": "application/json", "x-amz-content-sha256": v["contentSha256"],
                    "x-ba-request-timestamp": v["timestamp"], "x-ba-app": document["appId"], "x-ba-signature": v["signature"]}
-        status, message = expected[v["name"]]
-        expect(post(double, v["path"], v["body"], headers), status, message, f"vector {v['name']} is accepted")
-    last = double.stats()["s2s"]["log"][-len(document["vectors"]):]
-    check(all(entry["outcome"] == "accepted" for entry in last), "every vector's signature was accepted")
-    native = next(e for e in last if "Zo" in e["body"])
+        if v in routed:
+            status, message = expected[v["name"]]
+            expect(post(double, v["path"], v["body"], headers), status, message, f"vector {v['name']} is accepted")
+            entry = double.stats()["s2s"]["log"][-1]
+            check(entry["urlPath"] == v["path"] and entry["outcome"] == "accepted", f"vector {v['name']}: signature accepted")
+            last.append(entry)
+        else:
+            expect(post(double, "/api" + v["path"], v["body"], headers), 401, "Invalid signature",
+                   f"vector {v['name']} (signed for {v['path']}) sent to /api{v['path']} is refused")
+    native = next(e for e in last if "yuki" in e["body"])
     check(native["status"] == 200, "non-ASCII verify-native answered")
-    user = next(u for u in double.control("users")["users"] if u["email"] == "zoe.unal@example.test")
-    check(user["name"] == "Zoë Ünal 山田", "the non-ASCII name arrived intact")
-    odd = next(u for u in double.control("users")["users"] if u["email"] == "esc@example.test")
+    user = next(u for u in double.control("users")["users"] if u["email"] == "yuki.yamada@example.test")
+    check(user["name"] == "Yūki Ünal 山田", "the non-ASCII name arrived intact")
+    odd = next(u for u in double.control("users")["users"] if u["email"] == "esc.api@example.test")
     check(odd["name"] == "a\"b\\c/d\ne\tf\u0001g\u2028h\u2029i\u001fj\u007fk\U0001F966l", "the escaped name arrived intact")
+    check(all(u["email"] not in ("zoe.unal@example.test", "esc@example.test") for u in double.control("users")["users"]),
+          "no body of a refused vector reached a handler")
     # 16 s after a vector's time: expired.
-    v = document["vectors"][1]
+    v = next(v for v in document["vectors"] if v["name"] == "api-email")
     double.clock(now_ms=int(v["timestamp"]) + 15_001, freeze=True)
     headers = {"Content-Type": "application/json", "x-amz-content-sha256": v["contentSha256"],
                "x-ba-request-timestamp": v["timestamp"], "x-ba-app": APP, "x-ba-signature": v["signature"]}
@@ -187,22 +199,22 @@ def send_vectors(double, document):
 def check_s2s(double):
     code = double.mint_code(APP, "ada@example.test", "Ada", "google")
     body = body_of(app=APP, code=code)
-    good = node_sign((APP, "/v1/auth/verify", body))[0]
+    good = node_sign((APP, "/api/v1/auth/verify", body))[0]
     check(len(good["x-ba-signature"]) == 342 and "=" not in good["x-ba-signature"], "Node's signature: 342 base64url chars")
 
-    def refused(headers, message, what, path="/v1/auth/verify", send_body=body):
+    def refused(headers, message, what, path="/api/v1/auth/verify", send_body=body):
         before = reason_count(double, message)
         expect(post(double, path, send_body, headers), 401, message, what)
         check(reason_count(double, message) == before + 1, f"{what}: reason counted in stats")
 
     # Each refusal leaves the code unused.
-    refused(node_sign((APP, "/v1/auth/verify", body, OTHER_KEY))[0], "Invalid signature", "wrong key")
+    refused(node_sign((APP, "/api/v1/auth/verify", body, OTHER_KEY))[0], "Invalid signature", "wrong key")
     altered = body_of(app=APP, code=code + "x")
     refused(dict(good, **{"x-amz-content-sha256": cd.sha256_hex(altered)}), "Invalid signature", "altered body",
             send_body=altered)
-    other_path = node_sign((APP, "/v1/auth/email", body))[0]
+    other_path = node_sign((APP, "/api/v1/auth/email", body))[0]
     refused(other_path, "Invalid signature", "altered path (signed for /v1/auth/email)")
-    old = node_sign((APP, "/v1/auth/verify", body, None, str(int(time.time() * 1000) - 16_000)))[0]
+    old = node_sign((APP, "/api/v1/auth/verify", body, None, str(int(time.time() * 1000) - 16_000)))[0]
     refused(old, "Request expired", "old timestamp (16 s)")
     refused(dict(good, **{"x-ba-request-timestamp": "abc"}), "Request expired", "timestamp not a number")
     for header in ("x-ba-app", "x-ba-request-timestamp", "x-ba-signature"):
@@ -219,7 +231,7 @@ def check_s2s(double):
     private = cd.load_private_key(APP_KEY.read_bytes())
     numbers = private.private_numbers()
     n, d, k = numbers.public_numbers.n, numbers.d, 256
-    digest = cd.sha256_hex(cd.canonical_payload(APP, "/v1/auth/verify", good["x-ba-request-timestamp"], body)).encode()
+    digest = cd.sha256_hex(cd.canonical_payload(APP, "/api/v1/auth/verify", good["x-ba-request-timestamp"], body)).encode()
 
     def raw_sign(em):
         return cd.b64url(pow(int.from_bytes(em, "big"), d, n).to_bytes(k, "big"))
@@ -241,30 +253,39 @@ def check_s2s(double):
     check(any("not the hash" in key for key in details), "stats detail: decrypted value is not the hash")
 
     # The exact error bytes, the published shape.
-    missing = post(double, "/v1/auth/verify", body, {"Content-Type": "application/json"})
+    missing = post(double, "/api/v1/auth/verify", body, {"Content-Type": "application/json"})
     check(missing.content == b'{"status":401,"message":"Missing S2S headers"}', "error body bytes")
 
     # The good one (a hand-built correct block = Node's), once.
     check(correct["x-ba-signature"] == good["x-ba-signature"], "hand-built type-1 block = Node's signature")
-    answer = expect(post(double, "/v1/auth/verify", body, good), 200, None, "good request")
+    answer = expect(post(double, "/api/v1/auth/verify", body, good), 200, None, "good request")
     check(answer.json() == {"user": {"userId": answer.json()["user"]["userId"], "email": "ada@example.test",
                                      "name": "Ada", "provider": "google"}}, "verify answer shape")
-    expect(s2s(double, "/v1/auth/verify", body), 404, "Auth code not found", "reused code")
+    expect(s2s(double, "/api/v1/auth/verify", body), 404, "Auth code not found", "reused code")
     check(double.stats()["codes"]["refused"]["unknown"] >= 1, "reused code counted")
 
-    # Without the /api prefix (the published signer's URL), the same contract path is signed.
+    # The route is the contract path with contract.ts's "/api" prefix, and the signature must cover
+    # the path the request arrived on: a request signed for "/v1/auth/verify" (the prefix left out of
+    # the signed path) and posted to /api/v1/auth/verify is refused, and nothing answers without /api.
     code = double.mint_code(APP, "ada@example.test", "Ada", "google")
-    expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=code), prefix=""), 200, None, "POST /v1/auth/verify (no /api)")
+    unprefixed = body_of(app=APP, code=code)
+    refused(node_sign((APP, "/v1/auth/verify", unprefixed))[0], "Invalid signature",
+            "signed for /v1/auth/verify, sent to /api/v1/auth/verify", send_body=unprefixed)
+    expect(post(double, "/v1/auth/verify", unprefixed, node_sign((APP, "/v1/auth/verify", unprefixed))[0]), 404, "Not Found",
+           "POST /v1/auth/verify (no /api): no such route")
+    log = double.stats()["s2s"]["log"]
+    check(log[-1]["urlPath"] == "/api/v1/auth/verify", "the log names the path the request arrived on")
+    expect(s2s(double, "/api/v1/auth/verify", unprefixed), 200, None, "the same code, signed for the route it is sent to")
 
     # Codes of another app: refused, and still good for their app (the published handler keeps them).
     theirs = double.mint_code(OTHER, "bob@example.test", "Bob", "apple")
-    expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=theirs)), 404, "Auth code not found", "code of another app")
+    expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=theirs)), 404, "Auth code not found", "code of another app")
     check(double.stats()["codes"]["refused"]["other_app"] == 1, "other-app refusal counted")
-    expect(s2s(double, "/v1/auth/verify", body_of(app=OTHER, code=theirs), OTHER_KEY, OTHER), 200, None,
+    expect(s2s(double, "/api/v1/auth/verify", body_of(app=OTHER, code=theirs), OTHER_KEY, OTHER), 200, None,
            "the other app redeems its code")
     # Body app ≠ signing app (double's check).
     mine = double.mint_code(APP, "ada@example.test", "Ada", "google")
-    answer = expect(s2s(double, "/v1/auth/verify", body_of(app=OTHER, code=mine)), 400, "Validation Error", "body app ≠ x-ba-app")
+    answer = expect(s2s(double, "/api/v1/auth/verify", body_of(app=OTHER, code=mine)), 400, "Validation Error", "body app ≠ x-ba-app")
     check(answer.json()["details"] == ["app: does not match x-ba-app"], "app mismatch detail")
 
     # Expiry: aged, not slept on.
@@ -272,26 +293,26 @@ def check_s2s(double):
     double.age("codes", 59)
     fresh_enough = double.mint_code(APP, "ada@example.test", "Ada", "google")
     double.age("codes", 2)  # stale is 61 s old, fresh_enough 2 s
-    expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=stale)), 404, "Auth code not found", "expired code")
+    expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=stale)), 404, "Auth code not found", "expired code")
     check(double.stats()["codes"]["refused"]["expired"] == 1, "expired refusal counted")
-    expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=fresh_enough)), 200, None, "a 2 s old code")
+    expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=fresh_enough)), 200, None, "a 2 s old code")
 
     # Validation.
-    answer = expect(s2s(double, "/v1/auth/verify", body_of(app=APP)), 400, "Validation Error", "missing code")
+    answer = expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP)), 400, "Validation Error", "missing code")
     check(answer.json()["details"] == ['code: Invalid key: Expected "code" but received undefined'], "validation detail")
-    expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code="x" * 1025)), 400, "Validation Error", "code > 1024")
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="not-an-address")), 400, "Validation Error", "bad email")
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="a@example.test", platform="web")), 400,
+    expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code="x" * 1025)), 400, "Validation Error", "code > 1024")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="not-an-address")), 400, "Validation Error", "bad email")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="a@example.test", platform="web")), 400,
            "Validation Error", "platform other than mobile")
-    expect(s2s(double, "/v1/auth/verify-native", body_of(app=APP, email="a@example.test", name="A", provider="google")),
+    expect(s2s(double, "/api/v1/auth/verify-native", body_of(app=APP, email="a@example.test", name="A", provider="google")),
            400, "Validation Error", "verify-native provider must be apple")
     check(double.stats()["s2s"]["log"][-1]["outcome"] == "accepted", "validation failures are accepted S2S requests")
     check(requests.get(f"{double.api_base}/v1/auth/verify", timeout=10).status_code == 404, "GET on an S2S path: 404")
 
     # verify-native get-or-create.
-    first = expect(s2s(double, "/v1/auth/verify-native", body_of(app=APP, email="cy@example.test", name="Cy", provider="apple")),
+    first = expect(s2s(double, "/api/v1/auth/verify-native", body_of(app=APP, email="cy@example.test", name="Cy", provider="apple")),
                    200, None, "verify-native creates").json()["user"]
-    again = expect(s2s(double, "/v1/auth/verify-native", body_of(app=APP, email="cy@example.test", name="Other", provider="apple")),
+    again = expect(s2s(double, "/api/v1/auth/verify-native", body_of(app=APP, email="cy@example.test", name="Other", provider="apple")),
                    200, None, "verify-native finds").json()["user"]
     check(first == again and first["provider"] == "apple" and first["name"] == "Cy" and len(first["userId"]) == 20,
           "verify-native: same user, first name kept, 20-character id")
@@ -303,12 +324,12 @@ def check_email(double):
     address = "dana.o-neil@example.test"
     email_body = body_of(app=APP, email=address)
     for i in range(5):
-        expect(s2s(double, "/v1/auth/email", email_body), 200, None, f"email {i + 1} of 5")
-    expect(s2s(double, "/v1/auth/email", email_body), 429, "Too many requests. Please try again later.", "6th email in the hour")
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="Dana.O-Neil@example.test")), 200, None,
+        expect(s2s(double, "/api/v1/auth/email", email_body), 200, None, f"email {i + 1} of 5")
+    expect(s2s(double, "/api/v1/auth/email", email_body), 429, "Too many requests. Please try again later.", "6th email in the hour")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="Dana.O-Neil@example.test")), 200, None,
            "another spelling is another address (as published)")
     double.age("emails", 3601)
-    expect(s2s(double, "/v1/auth/email", email_body), 200, None, "an hour later: allowed again")
+    expect(s2s(double, "/api/v1/auth/email", email_body), 200, None, "an hour later: allowed again")
     stats = double.stats()["magic_links"]
     check(stats["rate_limited"] == 1 and stats["by_email"][address] == 6, "email stats")
 
@@ -318,7 +339,7 @@ def check_email(double):
     check(answer.status_code == 302, "email-callback redirects")
     location = answer.headers["Location"]
     check(location.startswith(f"{WEB}/app/auth/callback?code="), "…to {baseUrl}/app/auth/callback?code=")
-    user = expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=query(location)["code"])), 200, None,
+    user = expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=query(location)["code"])), 200, None,
                   "the email code verifies").json()["user"]
     check(user["provider"] == "email" and user["name"] == "Dana O Neil" and user["email"] == address,
           "email user: provider email, name derived from the address")
@@ -326,13 +347,13 @@ def check_email(double):
     check(requests.get(f"{double.url}/auth/email-callback?token=nope", allow_redirects=False, timeout=10).status_code == 404,
           "unknown link: 404")
 
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="eve@example.test", platform="mobile")), 200, None, "mobile email")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="eve@example.test", platform="mobile")), 200, None, "mobile email")
     link = double.last_magic_link("eve@example.test")
     check(link["platform"] == "mobile", "mobile link")
     location = requests.get(link["url"], allow_redirects=False, timeout=10).headers["Location"]
     check(location.startswith("tasquito://auth/callback?code="), "mobile magic link → the app's scheme")
 
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="fay@example.test")), 200, None, "email to fay")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="fay@example.test")), 200, None, "email to fay")
     double.age("magic_links", 15 * 60 + 1)
     check(requests.get(double.last_magic_link("fay@example.test")["url"], allow_redirects=False, timeout=10).status_code == 410,
           "a magic link older than 15 minutes: 410")
@@ -349,12 +370,12 @@ def check_pages(double):
     check(answer.status_code == 302 and answer.headers["Location"].startswith(f"{WEB}/app/auth/callback?code="), "/auth → callback")
     code = query(answer.headers["Location"])["code"]
     check(len(code) == 32, "codes are 32 base36 characters")
-    user = expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=code)), 200, None, "/auth code verifies").json()["user"]
+    user = expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=code)), 200, None, "/auth code verifies").json()["user"]
     check(user["email"] == "gil@example.test" and user["name"] == "Gil Ünal" and user["provider"] == "google", "/auth user")
     answer = requests.get(f"{double.web_base}/auth", params={"app": APP, "provider": "apple", "platform": "mobile"},
                           allow_redirects=False, timeout=10)
     check(answer.headers["Location"].startswith("tasquito://auth/callback?code="), "/auth platform=mobile → scheme")
-    user = expect(s2s(double, "/v1/auth/verify", body_of(app=APP, code=query(answer.headers["Location"])["code"])), 200, None,
+    user = expect(s2s(double, "/api/v1/auth/verify", body_of(app=APP, code=query(answer.headers["Location"])["code"])), 200, None,
                   "default user code").json()["user"]
     check(user["email"] == "ada.lovelace@example.test" and user["provider"] == "apple", "empty queue → default user")
     for params in ({"app": "nobody", "provider": "google"}, {"app": APP, "provider": "facebook"}, {"app": APP}):
@@ -401,33 +422,33 @@ def check_faults(double):
     code = double.mint_code(APP, "ivy@example.test", "Ivy", "google")
     body = body_of(app=APP, code=code)
     double.fault("verify", "500", times=1)
-    expect(s2s(double, "/v1/auth/verify", body), 500, "Internal Server Error", "fault 500")
+    expect(s2s(double, "/api/v1/auth/verify", body), 500, "Internal Server Error", "fault 500")
     check(double.stats()["s2s"]["log"][-1]["outcome"] == "fault", "a faulted request is still verified and logged")
     double.fault("verify", "garbage", times=1)
-    answer = s2s(double, "/v1/auth/verify", body)
+    answer = s2s(double, "/api/v1/auth/verify", body)
     check(answer.status_code == 200 and answer.content.startswith(b"<html>"), "fault garbage")
     double.fault("verify", "wrong_shape", times=1)
-    check(s2s(double, "/v1/auth/verify", body).json() == {"unexpected": True}, "fault wrong_shape")
+    check(s2s(double, "/api/v1/auth/verify", body).json() == {"unexpected": True}, "fault wrong_shape")
     double.fault("verify", "401", times=1)
-    expect(s2s(double, "/v1/auth/verify", body), 401, "Invalid signature", "fault 401")
+    expect(s2s(double, "/api/v1/auth/verify", body), 401, "Invalid signature", "fault 401")
     double.fault("email", "429", times=1)
-    expect(s2s(double, "/v1/auth/email", body_of(app=APP, email="j@example.test")), 429, None, "fault 429")
+    expect(s2s(double, "/api/v1/auth/email", body_of(app=APP, email="j@example.test")), 429, None, "fault 429")
     double.fault("verify", "down")
     try:
-        s2s(double, "/v1/auth/verify", body)
+        s2s(double, "/api/v1/auth/verify", body)
         check(False, "fault down: no answer")
     except requests.exceptions.ConnectionError:
         check(True, "fault down: the connection drops")
     double.fault("verify", "none")
     double.fault("verify", "slow", seconds=30)
     try:
-        headers = node_sign((APP, "/v1/auth/verify", body))[0]
+        headers = node_sign((APP, "/api/v1/auth/verify", body))[0]
         requests.post(f"{double.api_base}/v1/auth/verify", data=body.encode(), headers=headers, timeout=0.5)
         check(False, "fault slow: no answer in time")
     except requests.exceptions.Timeout:
         check(True, "fault slow: the client times out")
     double.fault("verify", "none")
-    expect(s2s(double, "/v1/auth/verify", body), 200, None, "after the faults the code still verifies")
+    expect(s2s(double, "/api/v1/auth/verify", body), 200, None, "after the faults the code still verifies")
     double.fault("apple_keys", "500", times=1)
     check(requests.get(double.apple_jwks_url, timeout=10).status_code == 500, "fault on the Apple JWKS")
     double.fault("auth", "down", times=1)

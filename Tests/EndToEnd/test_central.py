@@ -4,12 +4,16 @@ broccoliapps-style apps, in front of a central-provider double built from the pu
 does, Node-compatible public-key decryption of the signature, the 15 s request age, the body hash;
 single-use one-minute codes; five emails an hour per address).
 
-One Gatehouse of this module's own (SQLite) has five `central` upstreams: `tasquito` (the app, with
+One Gatehouse of this module's own (SQLite) has six `central` upstreams: `tasquito` (the app, with
 its /auth/* endpoints, Sign in with Apple, a relay route), `otherapp` (a second app at the same
 provider, refresh rotation `after_80_percent`), `mismatch` (signs with a key the provider does not
-have for it), `gone` (the provider's port is closed) and `silent` (the provider never answers).
-Two more Gatehouses are started by single tests: one with a one-second refresh grace, one restarted
-three times over one store to rotate its JWT signing keys.
+have for it), `gone` (the provider's port is closed), `silent` (the provider never answers) and
+`noprefix` (an api_base without the provider's /api). It trusts 127.0.0.1 as a proxy, so a test
+names its client address in X-Forwarded-For (the magic-link limit per client address).
+More Gatehouses are started by single tests: one with a one-second refresh grace, one restarted
+three times over one store to rotate its JWT signing keys, one restarted over one store to replay
+an Apple identity token, two on one PostgreSQL database (when GATEHOUSE_TEST_POSTGRES is set), and
+one whose app does not require Apple nonces.
 
 Every access token is verified with PyJWT (an independent library) from Gatehouse's JWKS; the key
 ids are checked against RFC 7638 thumbprints computed here from the fixture keys.
@@ -144,7 +148,7 @@ def wait_until(predicate, timeout, what):
 
 
 def central_upstream(name, app_id, key_file, api_base, web_base, path, signing=("jwt-a.pem",), rotation="every_use",
-                     apple_jwks=None, timeout="3s"):
+                     apple_jwks=None, timeout="3s", require_nonce=None):
     keys = ", ".join(str(FIXTURES / key) for key in signing)
     text = f"""
   - name: {name}
@@ -168,6 +172,9 @@ def central_upstream(name, app_id, key_file, api_base, web_base, path, signing=(
     apple:
       bundle_id: {BUNDLE}
       jwks_url: {apple_jwks}"""
+        if require_nonce is not None:
+            text += f"""
+      require_nonce: {"true" if require_nonce else "false"}"""
     return text
 
 
@@ -201,8 +208,8 @@ store:
   sqlite_path: {store}"""
 
 
-def single_app_config(port, store, keys, double, backend, signing=("jwt-a.pem",), grace=None):
-    """A Gatehouse with the `tasquito` upstream only (and its relay route)."""
+def single_app_config(port, store, keys, double, backend, signing=("jwt-a.pem",), grace=None, apple=False):
+    """A Gatehouse with the `tasquito` upstream only (and its relay route; Sign in with Apple when `apple`)."""
     sessions = f"""
 sessions:
   encryption_keys_file: {keys}"""
@@ -210,7 +217,8 @@ sessions:
         sessions += f"""
   refresh_grace: {grace}"""
     return server_section(port, store) + f"""
-upstreams:{central_upstream(APP, APP, "app-private.pem", double.api_base, double.web_base, "/auth", signing)}
+upstreams:{central_upstream(APP, APP, "app-private.pem", double.api_base, double.web_base, "/auth", signing,
+                             apple_jwks=double.apple_jwks_url if apple else None)}
 clients:{central_client(APP)}
 routes:{central_route("/api/central", backend.url + "/central", APP)}
 {sessions}
@@ -250,12 +258,15 @@ upstreams:{central_upstream(APP, APP, "app-private.pem", api, web, "/auth", appl
 {central_upstream(OTHER_APP, OTHER_APP, "other-private.pem", api, web, "/other/auth", rotation="after_80_percent")}\
 {central_upstream("mismatch", "mismatch", "other-private.pem", api, web, "/mismatch/auth")}\
 {central_upstream("gone", "gone", "app-private.pem", f"http://127.0.0.1:{closed}/api", web, "/gone/auth")}\
-{central_upstream("silent", "silent", "app-private.pem", f"http://127.0.0.1:{silent.port}/api", web, "/silent/auth", timeout="1s")}
+{central_upstream("silent", "silent", "app-private.pem", f"http://127.0.0.1:{silent.port}/api", web, "/silent/auth", timeout="1s")}\
+{central_upstream("noprefix", "noprefix", "app-private.pem", double.url, web, "/noprefix/auth")}
 clients:{central_client(APP)}{central_client(OTHER_APP, "com.broccoliapps.otherapp:/oauth2redirect")}{central_client("mismatch")}\
-{central_client("gone")}{central_client("silent")}
+{central_client("gone")}{central_client("silent")}{central_client("noprefix")}
 routes:{central_route("/api/central", backend.url + "/central", APP)}
 sessions:
   encryption_keys_file: {keys}
+rate_limits:
+  trusted_proxies: [127.0.0.1/32]   # the tests say which client address a request is from (X-Forwarded-For)
 """
             with own_gatehouse(workdir, "central-gatehouse", config) as gatehouse:
                 yield Central(gatehouse, double, backend, seen, workdir)
@@ -611,6 +622,54 @@ def test_magic_link_limit_counts_an_address_case_insensitively(central):
     assert sum(s2s_counts(central.stats(), "email")) == counted == sum(s2s_counts(before, "email")) + 5
 
 
+def client_address():
+    """A client address of one test's own (198.18.0.0/15, for benchmarks), said by the trusted proxy 127.0.0.1."""
+    return f"198.18.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
+
+
+def send_magic_link(central, address, sender):
+    return central.post("/auth/send-magic-link", {"email": address},
+                        headers={"Content-Type": "application/json", "X-Forwarded-For": sender})
+
+
+def test_sixteen_spellings_of_one_mailbox_from_one_address_reach_it_at_most_five_times(central):
+    """Case, `+tag` and (for Gmail) dots and googlemail.com all reach one mailbox: they share its
+    limit of five an hour, so sixteen spellings sent from one address give five e-mails, not sixteen."""
+    local = f"victim{secrets.token_hex(4)}"
+    dotted = ".".join(local[:3]) + "." + local[3:]
+    spellings = [f"{local}+{n}@gmail.com" for n in range(1, 7)] + [
+        f"{dotted}@gmail.com", f"{local.upper()}@GMAIL.COM", f"{local}@googlemail.com", f"{dotted}+x@googlemail.com",
+        f"{local[:4]}.{local[4:]}@gmail.com", f"{local.capitalize()}+news@Gmail.com", f"{local[:1]}.{local[1:]}@gmail.com",
+        f"{dotted.upper()}@GoogleMail.com", f"{local}+a+b@gmail.com", f"{local[:2]}.{local[2:]}+z@googlemail.com"]
+    assert len(set(spellings)) == 16 and len({a.lower() for a in spellings}) == 16
+    sender = client_address()
+    before = central.stats()
+    answers = [send_magic_link(central, address, sender) for address in spellings]
+    after = central.stats()
+    assert [a.status_code for a in answers] == [200] * 5 + [429] * 11, [a.status_code for a in answers]
+    for refused in answers[5:]:
+        assert refused.json() == RATE_LIMITED
+        retry_after(refused)
+    sent = [json.loads(entry["body"])["email"] for entry in s2s_since(before, after, "email")]
+    assert sent == spellings[:5], sent  # what reached the provider: five sends, as the app spelled them
+
+
+def test_one_client_address_is_limited_whatever_the_mailboxes(central):
+    """`magic_link_address_limit` (20 an hour by default): one client address cannot spray links to many
+    mailboxes; another address is not held back by it."""
+    sender = client_address()
+    before = central.stats()
+    for index in range(20):
+        answer = send_magic_link(central, f"spray{index}-{secrets.token_hex(4)}@example.test", sender)
+        assert answer.status_code == 200, (index, answer.text)
+    refused = send_magic_link(central, f"spray-last-{secrets.token_hex(4)}@example.test", sender)
+    assert_error(refused, 429, RATE_LIMITED["message"])
+    retry_after(refused)
+    assert accepted(central.stats(), "email") - accepted(before, "email") == 20, "the 21st reached the provider"
+    other = send_magic_link(central, f"spray-last-{secrets.token_hex(4)}@example.test", client_address())
+    assert other.status_code == 200, other.text
+
+
 def test_magic_link_end_to_end(central):
     address = f"magic-{secrets.token_hex(5)}@example.test"
     answer = central.post("/auth/send-magic-link", {"email": address, "platform": "mobile"})
@@ -642,6 +701,13 @@ def apple_token(central, **claims):
     return token
 
 
+def apple_nonce():
+    """(raw nonce, the token's `nonce` claim): as Apple documents it, the app asks with SHA-256 of a
+    random raw nonce (lowercase hex), Apple writes that into the token, and the app sends the raw one."""
+    raw = secrets.token_urlsafe(24)
+    return raw, hashlib.sha256(raw.encode()).hexdigest()
+
+
 def apple_claims(**overrides):
     now = int(time.time())
     claims = {"iss": APPLE_ISSUER, "aud": BUNDLE, "sub": f"001234.{secrets.token_hex(16)}.0123",
@@ -650,17 +716,18 @@ def apple_claims(**overrides):
     return claims
 
 
-def verify_apple(central, token, user, **extra):
+def verify_apple(central, token, user, base=None, **extra):
     code = "c" + secrets.token_hex(24)
     central.seen.add(code, kind="Apple authorization code")
-    return central.post("/auth/verify-apple", {"identityToken": token, "authorizationCode": code, "user": user, **extra})
+    return central.post("/auth/verify-apple", {"identityToken": token, "authorizationCode": code, "user": user, **extra}, base=base)
 
 
 def test_sign_in_with_apple_gives_tokens_and_the_name_reaches_verify_native(central):
-    claims = apple_claims(nonce="n-" + secrets.token_hex(8))
+    raw, hashed = apple_nonce()
+    claims = apple_claims(nonce=hashed)
     token = apple_token(central, **claims)
     before = central.stats()
-    answer = verify_apple(central, token, claims["sub"], nonce=claims["nonce"], fullName={"givenName": "Zoë", "familyName": "Ünal"})
+    answer = verify_apple(central, token, claims["sub"], nonce=raw, fullName={"givenName": "Zoë", "familyName": "Ünal"})
     after = central.stats()
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -674,37 +741,44 @@ def test_sign_in_with_apple_gives_tokens_and_the_name_reaches_verify_native(cent
     # Without fullName (Apple gives it on the first sign-in only); Apple's JWKS is not fetched again (cached).
     fetches = central.stats()["apple_keys_fetches"]
     assert fetches >= 1
-    again = verify_apple(central, apple_token(central, **apple_claims(sub=claims["sub"], email=claims["email"])), claims["sub"])
+    raw2, hashed2 = apple_nonce()
+    again = verify_apple(central, apple_token(central, **apple_claims(sub=claims["sub"], email=claims["email"], nonce=hashed2)),
+                         claims["sub"], nonce=raw2)
     assert again.status_code == 200, again.text
     assert again.json()["user"]["userId"] == body["user"]["userId"]
     assert central.stats()["apple_keys_fetches"] == fetches, "Apple's JWKS was fetched for every sign-in"
     # The same identity token a second time (replayed or captured): refused, and no new session.
     before = central.stats()
-    replayed = verify_apple(central, token, claims["sub"], nonce=claims["nonce"])
+    replayed = verify_apple(central, token, claims["sub"], nonce=raw)
     assert replayed.status_code == 401 and replayed.json()["details"] == ["replay: this identity token was already used"], replayed.text
     assert accepted(central.stats(), "verify-native") == accepted(before, "verify-native")
 
 
 def _apple_negative(central, case):
-    """(identity token, body extras, user) for one negative case."""
-    claims = apple_claims()
+    """(identity token, body extras, user) for one negative case: each one wrong in that respect only
+    (the right raw nonce is sent unless the case is about the nonce)."""
+    raw, hashed = apple_nonce()
+    claims = apple_claims(nonce=hashed)
     user = claims["sub"]
-    extra = {}
+    extra = {"nonce": raw}
     if case == "expired":
-        token = apple_token(central, **apple_claims(sub=user, iat=int(time.time()) - 7200, exp=int(time.time()) - 3600))
+        token = apple_token(central, **apple_claims(sub=user, nonce=hashed, iat=int(time.time()) - 7200, exp=int(time.time()) - 3600))
     elif case == "wrong aud":
-        token = apple_token(central, **apple_claims(sub=user, aud="com.example.someone-else"))
+        token = apple_token(central, **apple_claims(sub=user, nonce=hashed, aud="com.example.someone-else"))
     elif case == "wrong iss":
-        token = apple_token(central, **apple_claims(sub=user, iss="https://appleid.apple.com.evil.example"))
+        token = apple_token(central, **apple_claims(sub=user, nonce=hashed, iss="https://appleid.apple.com.evil.example"))
     elif case == "bad signature":
         token = tamper(apple_token(central, **claims))
     elif case == "unknown kid":
         token = apple_token(central, **claims, kid="unknown-" + secrets.token_hex(4), sign_with="unknown")
     elif case == "nonce sent, none in the token":
-        token, extra = apple_token(central, **claims), {"nonce": "n-" + secrets.token_hex(8)}
+        token = apple_token(central, **{**claims, "nonce": None})  # null: left out of the token
     elif case == "wrong nonce":
-        token = apple_token(central, **apple_claims(sub=user, nonce="n-" + secrets.token_hex(8)))
-        extra = {"nonce": "n-" + secrets.token_hex(8)}
+        token, extra = apple_token(central, **claims), {"nonce": apple_nonce()[0]}
+    elif case == "no nonce sent":
+        token, extra = apple_token(central, **claims), {}
+    elif case == "the claim sent instead of the raw nonce":
+        token, extra = apple_token(central, **claims), {"nonce": hashed}
     elif case == "sub is not the user":
         token, user = apple_token(central, **claims), f"001234.{secrets.token_hex(16)}.0123"
     elif case == "no email":
@@ -724,7 +798,8 @@ def _apple_negative(central, case):
 
 
 @pytest.mark.parametrize("case", ["expired", "wrong aud", "wrong iss", "bad signature", "unknown kid",
-                                  "nonce sent, none in the token", "wrong nonce", "sub is not the user", "no email",
+                                  "nonce sent, none in the token", "wrong nonce", "no nonce sent",
+                                  "the claim sent instead of the raw nonce", "sub is not the user", "no email",
                                   "alg none", "HS256 keyed with the public key"])
 def test_an_apple_identity_token_failing_a_check_is_401_and_never_reaches_verify_native(central, case):
     token, extra, user = _apple_negative(central, case)
@@ -733,7 +808,89 @@ def test_an_apple_identity_token_failing_a_check_is_401_and_never_reaches_verify
     after = central.stats()
     body = assert_error(answer, 401, "Invalid Apple identity token")
     assert isinstance(body.get("details"), list) and body["details"], body
+    if "nonce" in case:
+        assert body["details"][0].startswith("nonce: "), body
     assert sum(s2s_counts(after, "verify-native")) == sum(s2s_counts(before, "verify-native")), "verify-native was called"
+
+
+def signed_in_with_apple(central, base):
+    """(identity token, raw nonce, user) of a first, accepted Sign in with Apple on `base`."""
+    raw, hashed = apple_nonce()
+    claims = apple_claims(nonce=hashed)
+    token = apple_token(central, **claims)
+    answer = central.post("/auth/verify-apple", {"identityToken": token, "authorizationCode": "c" + secrets.token_hex(24),
+                                                 "user": claims["sub"], "nonce": raw}, base=base)
+    assert answer.status_code == 200, answer.text
+    return token, raw, claims["sub"]
+
+
+def assert_replay_refused(central, base, token, raw, user):
+    before = central.stats()
+    replayed = central.post("/auth/verify-apple", {"identityToken": token, "authorizationCode": "c" + secrets.token_hex(24),
+                                                   "user": user, "nonce": raw}, base=base)
+    body = assert_error(replayed, 401, "Invalid Apple identity token")
+    assert body["details"] == ["replay: this identity token was already used"], body
+    assert sum(s2s_counts(central.stats(), "verify-native")) == sum(s2s_counts(before, "verify-native")), "a replay reached verify-native"
+
+
+def test_an_apple_identity_token_replayed_after_a_restart_is_refused(central, workdir, seen):
+    """The used identity tokens are in the store (until each token's exp), not in the process: a
+    Gatehouse stopped and started again on the same SQLite file still refuses a replay."""
+    port = free_port()
+    keys = session_keys(workdir, "central-apple-restart-session-keys", seen)
+    config = single_app_config(port, workdir / "central-apple-restart.sqlite", keys, central.double, central.backend, apple=True)
+    with own_gatehouse(workdir, "central-apple-restart-1", config) as gatehouse:
+        token, raw, user = signed_in_with_apple(central, gatehouse["url"])
+    with own_gatehouse(workdir, "central-apple-restart-2", config) as gatehouse:
+        assert_replay_refused(central, gatehouse["url"], token, raw, user)
+        # A new token of the same person is still welcome after the restart.
+        signed_in_with_apple(central, gatehouse["url"])
+
+
+def test_an_apple_identity_token_used_on_one_instance_is_refused_by_another(central, workdir, seen):
+    """Two Gatehouses on one PostgreSQL database: the token taken by the first is a replay to the second."""
+    if "GATEHOUSE_TEST_POSTGRES" not in os.environ:
+        pytest.skip("needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+    host, pg_port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    database = "central_" + secrets.token_hex(4)
+    subprocess.run(["psql", "-h", host, "-p", pg_port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
+                   capture_output=True, check=True, timeout=30)
+    keys = session_keys(workdir, "central-apple-pg-session-keys", seen)
+
+    def config(port):
+        text = single_app_config(port, workdir / "unused.sqlite", keys, central.double, central.backend, apple=True)
+        return text.replace(f"store:\n  sqlite_path: {workdir / 'unused.sqlite'}",
+                            f"store:\n  postgres: {{host: {host}, port: {pg_port}, database: {database}, username: gatehouse}}")
+
+    first_config, second_config = config(free_port()), config(free_port())
+    assert "postgres:" in first_config and "sqlite_path" not in first_config
+    with own_gatehouse(workdir, "central-apple-pg-1", first_config) as first, \
+            own_gatehouse(workdir, "central-apple-pg-2", second_config) as second:
+        token, raw, user = signed_in_with_apple(central, first["url"])
+        assert_replay_refused(central, second["url"], token, raw, user)
+        assert_replay_refused(central, first["url"], token, raw, user)
+
+
+def test_a_missing_nonce_is_accepted_only_where_the_app_does_not_require_one(central, workdir, seen):
+    """`apple.require_nonce: false` lets an app that sends no nonce sign in; a nonce it does send is
+    still checked against the token's claim (SHA-256 of the raw nonce)."""
+    port = free_port()
+    keys = session_keys(workdir, "central-apple-optional-session-keys", seen)
+    config = server_section(port, workdir / "central-apple-optional.sqlite") + f"""
+upstreams:{central_upstream(APP, APP, "app-private.pem", central.double.api_base, central.double.web_base, "/auth",
+                             apple_jwks=central.double.apple_jwks_url, require_nonce=False)}
+clients:{central_client(APP)}
+sessions:
+  encryption_keys_file: {keys}
+"""
+    with own_gatehouse(workdir, "central-apple-optional", config) as gatehouse:
+        claims = apple_claims()
+        answer = verify_apple(central, apple_token(central, **claims), claims["sub"], base=gatehouse["url"])
+        assert answer.status_code == 200, answer.text
+        raw, hashed = apple_nonce()
+        claims = apple_claims(nonce=hashed)
+        wrong = verify_apple(central, apple_token(central, **claims), claims["sub"], nonce=hashed, base=gatehouse["url"])
+        assert assert_error(wrong, 401)["details"][0].startswith("nonce: "), wrong.text
 
 
 # --------------------------------------------------------------------------- strict validation
@@ -1020,6 +1177,34 @@ def test_the_s2s_request_carries_the_five_headers_and_a_signature_the_provider_v
     assert re.fullmatch(r"\d{13}", last["timestamp"]) and abs(int(last["timestamp"]) - sent_at) < 5000, last["timestamp"]
     assert last["contentType"].split(";")[0].strip() == "application/json", last["contentType"]
     assert last["contentSha256Header"] == hashlib.sha256(last["body"].encode()).hexdigest()
+
+
+def test_every_s2s_call_signs_the_path_it_is_sent_to(central):
+    """api_base is the provider's /api: each of the three S2S calls arrives on its real route
+    /api/v1/auth/… and the double verifies the signature against that arrival path (as the published
+    verifier checks against the route it registered), so each is accepted."""
+    code, _ = central.mint()
+    raw, hashed = apple_nonce()
+    claims = apple_claims(nonce=hashed)
+    before = central.stats()
+    assert central.exchange(code).status_code == 200
+    assert central.post("/auth/send-magic-link", {"email": f"path-{secrets.token_hex(5)}@example.test"},
+                        headers={"Content-Type": "application/json", "X-Forwarded-For": client_address()}).status_code == 200
+    assert verify_apple(central, apple_token(central, **claims), claims["sub"], nonce=raw).status_code == 200
+    new = s2s_since(before, central.stats())
+    assert [(e["urlPath"], e["outcome"]) for e in new] == [
+        ("/api/v1/auth/verify", "accepted"), ("/api/v1/auth/email", "accepted"), ("/api/v1/auth/verify-native", "accepted")], new
+
+
+def test_an_api_base_without_the_providers_api_prefix_is_502_not_an_unknown_code(central):
+    """`api_base` without /api reaches no route of the provider (its 404 is not "Auth code not found"):
+    Gatehouse answers 502 and says what to check, instead of telling the app its code is unknown."""
+    code, _ = central.mint()
+    before = central.stats()
+    answer = central.exchange(code, path="/noprefix/auth")
+    assert_error(answer, 502)
+    assert s2s_since(before, central.stats()) == [], "a request without /api reached an S2S route"
+    wait_until(lambda: "check api_base" in (central.workdir / "central-gatehouse.log").read_text(), 5, "the api_base hint in the log")
 
 
 @pytest.mark.parametrize("kind, status", [("down", 503), ("garbage", 502), ("500", None)])

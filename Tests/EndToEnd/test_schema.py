@@ -27,6 +27,7 @@ a log; output is shown with every known secret replaced (schemathesis masks the 
 header, not a token in a form body).
 """
 
+import hashlib
 import json
 import os
 import secrets
@@ -416,6 +417,9 @@ CENTRAL_APP_ID, CENTRAL_CLIENT = "tasquito", "com.example.central"
 CENTRAL_REDIRECT = "com.example.central:/oauth2redirect"
 CENTRAL_BUNDLE = "com.example.central.ios"
 APPLE_USER = "001234.0a1b2c3d4e5f.0042"  # Apple's `sub` of the identity tokens drawn here
+# The raw nonce the app sends with them; Apple's `nonce` claim is its SHA-256 as lowercase hex.
+APPLE_RAW_NONCE = "schema-raw-nonce-" + secrets.token_urlsafe(12)
+APPLE_NONCE_CLAIM = hashlib.sha256(APPLE_RAW_NONCE.encode()).hexdigest()
 SIGN_IN_COOKIE = "__Secure-gatehouse-signin"
 JSON = "application/json"
 
@@ -445,6 +449,7 @@ def central_gatehouse(workdir, seen, relay_doubles):
     environment: development
     signing_key_files: [{CENTRAL_FIXTURES / "jwt-a.pem"}, {CENTRAL_FIXTURES / "jwt-b.pem"}]
     magic_link_limit: 3
+    magic_link_address_limit: 100000   # every request here is from 127.0.0.1: only the per-mailbox limit is exercised
     app_api:
       client: {CENTRAL_CLIENT}
     apple:
@@ -501,7 +506,8 @@ def central_live_values(gatehouse, seen, codes=0, pairs=0, apple=0):
         assert answer.status_code == 200, answer.text
         seen.add(answer.json()["accessToken"], answer.json()["refreshToken"], kind="central token")
         refresh_tokens.append(answer.json()["refreshToken"])
-    identity_tokens = [double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com"}) for _ in range(apple)]
+    identity_tokens = [double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com", "nonce": APPLE_NONCE_CLAIM})
+                       for _ in range(apple)]
     seen.add(*identity_tokens, kind="Apple identity token")
     return minted[:codes], refresh_tokens, identity_tokens
 
@@ -556,10 +562,11 @@ def test_central_success_paths_conform_to_openapi(central_gatehouse, seen):
     validated("/auth/send-magic-link", "POST", 400, body={"email": "zoe@example.com", "platform": "web"}, media_type=JSON)
 
     # POST /auth/verify-apple: a token of the Apple stand-in; a wrong audience is 401 naming the check.
-    identity_token = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com"})
-    other_audience = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com", "aud": "com.example.other"})
+    identity_token = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com", "nonce": APPLE_NONCE_CLAIM})
+    other_audience = double.apple_token({"sub": APPLE_USER, "email": "apple.person@example.com", "aud": "com.example.other",
+                                         "nonce": APPLE_NONCE_CLAIM})
     seen.add(identity_token, other_audience, kind="Apple identity token")
-    apple = {"identityToken": identity_token, "authorizationCode": "c0ffee", "user": APPLE_USER,
+    apple = {"identityToken": identity_token, "authorizationCode": "c0ffee", "user": APPLE_USER, "nonce": APPLE_RAW_NONCE,
              "fullName": {"givenName": "Ada", "familyName": None}}
     signed_in = validated("/auth/verify-apple", "POST", 200, body=apple, media_type=JSON).json()
     seen.add(signed_in["accessToken"], signed_in["refreshToken"], kind="central token")
@@ -633,6 +640,9 @@ values = {toml_list(identity_tokens)}
 [dictionaries.apple_users]
 values = [{json.dumps(APPLE_USER)}]
 
+[dictionaries.apple_nonces]
+values = [{json.dumps(APPLE_RAW_NONCE)}]
+
 [[operations]]
 include-operation-id = "centralExchange"
 parameters = {{ "body.code" = {{ dictionary = "codes", probability = 0.5 }} }}
@@ -643,7 +653,7 @@ parameters = {{ "body.refreshToken" = {{ dictionary = "refresh_tokens", probabil
 
 [[operations]]
 include-operation-id = "centralVerifyApple"
-parameters = {{ "body.identityToken" = {{ dictionary = "identity_tokens", probability = 0.7 }}, "body.user" = {{ dictionary = "apple_users", probability = 0.9 }} }}
+parameters = {{ "body.identityToken" = {{ dictionary = "identity_tokens", probability = 0.7 }}, "body.user" = {{ dictionary = "apple_users", probability = 0.9 }}, "body.nonce" = {{ dictionary = "apple_nonces", probability = 0.9 }} }}
 
 [[operations]]
 include-operation-id = "centralCallback"

@@ -50,9 +50,30 @@ struct CentralConfigurationTests {
         #expect(central.rotation == .everyUse)
         #expect(central.provider == .google)
         #expect(central.magicLinkLimit == 5)
+        #expect(central.magicLinkAddressLimit == 20)
         #expect(central.tokenKeys.issuer == "tasquito")
         #expect(upstream.identity?.kind == .gatehouse)
         #expect(upstream.identity?.attributePaths["email"] == "/data/email")
+    }
+
+    @Test func anAPIBaseWhosePathCannotBeSignedAsWrittenIsRefused() {
+        for base in ["https://www.broccoliapps.com/api?x=1", "https://www.broccoliapps.com/a%70i", "https://www.broccoliapps.com/ap i",
+                     "https://www.broccoliapps.com//api"] {
+            let problems = Self.problems(Self.document(upstream: [("api_base", Self.s(base))], dropping: ["api_base"]))
+            #expect(problems.contains { $0.hasPrefix("upstreams[0].api_base:") }, "\(base): \(problems)")
+        }
+    }
+
+    @Test func appleNoncesAreRequiredUnlessTurnedOff() throws {
+        func apple(_ extra: [(String, ConfigNode)]) throws -> CentralSettings.Apple? {
+            let section = Self.m([("bundle_id", Self.s("com.broccoliapps.tasquito"))] + extra)
+            let configuration = try GatehouseConfiguration.decode(Self.document(upstream: [("apple", section)]), secrets: Self.secrets)
+            return (configuration.upstreams["tasquito"]?.profile as? CentralSettings)?.apple
+        }
+        #expect(try apple([])?.requireNonce == true)
+        #expect(try apple([("require_nonce", Self.s("false"))])?.requireNonce == false)
+        let problems = Self.problems(Self.document(upstream: [("apple", Self.m([("bundle_id", Self.s("b")), ("require_nonce", Self.s("maybe"))]))]))
+        #expect(problems.contains("upstreams[0].apple.require_nonce: must be true or false"), "\(problems)")
     }
 
     @Test func developmentIsFiveMinutesAndAnHour() throws {

@@ -56,6 +56,24 @@ struct CentralTests {
         #expect(byName["x-ba-signature"] == vector.signature)
     }
 
+    /// The published client signs `/api/v1/auth/…` and posts it to `{baseUrl}/api/v1/auth/…`; with
+    /// `api_base` `{baseUrl}/api` Gatehouse must sign that same path, the one its request carries.
+    @Test func theSignedPathIsTheRequestsPathWithTheAPIBasePrefix() throws {
+        let target = CentralClient.target(apiBase: "https://www.broccoliapps.com/api", route: "/v1/auth/verify")
+        #expect(target.url == "https://www.broccoliapps.com/api/v1/auth/verify")
+        #expect(target.signedPath == "/api/v1/auth/verify")
+        #expect(CentralClient.target(apiBase: "http://127.0.0.1:8080", route: "/v1/auth/email").signedPath == "/v1/auth/email")
+        #expect(CentralClient.target(apiBase: "https://gw.example/tenant/x/api", route: "/v1/auth/verify-native").signedPath
+            == "/tenant/x/api/v1/auth/verify-native")
+        // The Node vector on the real route, signed through the path Gatehouse derives.
+        let vectors = try Self.vectors()
+        let vector = try #require(vectors.vectors.first { $0.name == "api-verify" })
+        let signer = try CentralRequestSigner(privateKeyPEM: Self.fixture(vectors.privateKeyFile))
+        #expect(vector.path == target.signedPath)
+        #expect(try signer.signature(appID: vectors.appId, path: target.signedPath, body: vector.body, timestamp: vector.timestamp)
+            == vector.signature)
+    }
+
     @Test func stringsAreEscapedAsJSONStringifyDoes() {
         #expect(CentralRequestSigner.javaScriptString("a\"b\\c/d") == #""a\"b\\c/d""#)
         #expect(CentralRequestSigner.javaScriptString("\u{08}\u{0C}\n\r\t\u{01}\u{1F}") == #""\b\f\n\r\t\u0001\u001f""#)
@@ -129,22 +147,42 @@ struct CentralTests {
         return input + "." + Base64URL.encode(signature.rawRepresentation)
     }
 
-    static func verifier() throws -> AppleIdentityVerifier {
+    static func verifier(requireNonce: Bool = true) throws -> AppleIdentityVerifier {
         let document = try CentralTokenKeys(privateKeyPEMs: [fixture("apple-1-private.pem")], issuer: "unused").jwksDocument
-        return AppleIdentityVerifier(settings: apple, keys: JWKSCache(url: "test", refetchInterval: .zero, fetch: { _ in (200, document) }))
+        var settings = apple
+        settings.requireNonce = requireNonce
+        return AppleIdentityVerifier(settings: settings, keys: JWKSCache(url: "test", refetchInterval: .zero, fetch: { _ in (200, document) }))
     }
 
     static var goodClaims: [String: Any] {
         ["iss": "https://appleid.apple.com", "aud": "com.broccoliapps.tasquito", "exp": Date().timeIntervalSince1970 + 600,
-         "iat": Date().timeIntervalSince1970, "sub": "001234.apple", "email": "zoe@privaterelay.appleid.com", "nonce": "n-1"]
+         "iat": Date().timeIntervalSince1970, "sub": "001234.apple", "email": "zoe@privaterelay.appleid.com",
+         "nonce": AppleIdentityVerifier.nonceClaim(forRawNonce: "n-1")]
     }
 
     @Test func aGoodAppleTokenGivesItsSubjectAndEmail() async throws {
         let identity = try await Self.verifier().verify(try Self.appleToken(Self.goodClaims), user: "001234.apple", nonce: "n-1")
         #expect(identity.subject == "001234.apple" && identity.email == "zoe@privaterelay.appleid.com")
         #expect(identity.expiresAt > Date())
-        // No nonce sent: none required.
-        _ = try await Self.verifier().verify(try Self.appleToken(Self.goodClaims), user: "001234.apple", nonce: nil)
+        // No nonce sent: accepted only where the app's configuration does not require one.
+        _ = try await Self.verifier(requireNonce: false).verify(try Self.appleToken(Self.goodClaims), user: "001234.apple", nonce: nil)
+    }
+
+    @Test func theNonceClaimIsTheLowercaseHexSHA256OfTheRawNonce() {
+        let claim = AppleIdentityVerifier.nonceClaim(forRawNonce: "n-1")
+        #expect(claim == Data(SHA256.hash(data: Data("n-1".utf8))).map { String(format: "%02x", $0) }.joined())
+        #expect(claim.count == 64 && claim == claim.lowercased())
+    }
+
+    @Test(arguments: [
+        ("the raw nonce left out", nil as String?),
+        ("the claim itself sent instead of its preimage", AppleIdentityVerifier.nonceClaim(forRawNonce: "n-1")),
+        ("the claim in upper case", AppleIdentityVerifier.nonceClaim(forRawNonce: "n-1").uppercased()),
+    ])
+    func aNonceThatIsNotTheClaimsPreimageIsRefused(what: String, nonce: String?) async throws {
+        let token = try Self.appleToken(Self.goodClaims)
+        await #expect("\(what)") { try await Self.verifier().verify(token, user: "001234.apple", nonce: nonce) }
+            throws: { ($0 as? JOSEError)?.check == "nonce" }
     }
 
     /// `changes`: claim → new value; "" removes the claim; `exp` is seconds from now.

@@ -13,7 +13,8 @@ extension Gatehouse {
         case verifyApple = "verify-apple"
     }
 
-    func centralAPI(_ request: Request, endpoint: CentralEndpoint, upstream: CentralUpstream) async -> Response {
+    /// `peer`: the connection's remote address, from which `rate_limits` resolves the client's.
+    func centralAPI(_ request: Request, endpoint: CentralEndpoint, upstream: CentralUpstream, peer: String?) async -> Response {
         guard let api = upstream.central.appAPI else { return CentralAPIError(status: 404, message: "Not Found").response }
         var request = request
         do throws(CentralAPIError) {
@@ -42,9 +43,12 @@ extension Gatehouse {
             case .sendMagicLink:
                 let body = try await CentralAPIRequest(&request, limit: limit, fields: [("email", .email, true), ("platform", .word(["mobile"]), false)])
                 let email = body["email"] ?? ""
-                if let wait = magicLinkLimiters[upstream.settings.name]?.admit(email, now: now()) {
-                    logger.notice("magic link refused: too many for one address this hour", metadata: ["upstream": .string(upstream.settings.name)])
-                    throw CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: wait)
+                let clientAddress = limits.clientAddress(peer: peer, headers: request.headers)
+                if let refusal = magicLinkLimiters[upstream.settings.name]?.admit(email, clientAddress: clientAddress, now: now()) {
+                    logger.notice("magic link refused: too many this hour", metadata: [
+                        "upstream": .string(upstream.settings.name), "limit": .string(refusal.limit.rawValue),
+                    ])
+                    throw CentralAPIError(status: 429, message: "Too many requests. Please try again later.", retryAfter: refusal.retryAfter)
                 }
                 do throws(CentralFailure) {
                     try await upstream.client.sendMagicLink(email: email, platform: body["platform"])
@@ -86,13 +90,18 @@ extension Gatehouse {
             logger.info("Apple identity token refused", metadata: ["check": .string(error.check)])
             throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["\(error.check): \(error.detail)"])
         }
-        switch appleTokensTaken.take(body["identityToken"] ?? "", validUntil: identity.expiresAt, now: now()) {
-        case .first: break
-        case .replay:
+        // Single use, in the store (every instance, across restarts), until the token's own expiry.
+        let firstUse: Bool
+        do {
+            firstUse = try await store.insertOnce(kind: Self.appleIdentityTokenKind, keyHash: SecureToken.hash(body["identityToken"] ?? ""),
+                                                  value: Data(), expiresAt: identity.expiresAt, now: now())
+        } catch {
+            logger.error("the store could not record an Apple identity token's use", metadata: ["upstream": .string(upstream.settings.name)])
+            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 5)
+        }
+        guard firstUse else {
             logger.notice("security event: an Apple identity token was presented again", metadata: ["upstream": .string(upstream.settings.name)])
             throw CentralAPIError(status: 401, message: "Invalid Apple identity token", details: ["replay: this identity token was already used"])
-        case .full:
-            throw CentralAPIError(status: 503, message: "Service Unavailable", retryAfter: 10)
         }
         let fullName = body.values["fullName"] as? [String: Any]
         let parts = [fullName?["givenName"] as? String, fullName?["familyName"] as? String].compactMap { $0 }.filter { !$0.isEmpty }
@@ -107,6 +116,9 @@ extension Gatehouse {
         user.provider = "apple"
         return try await signedIn(user, clientID: clientID, upstream: upstream)
     }
+
+    /// The single-use kind of a Sign in with Apple identity token taken by `verify-apple`.
+    static let appleIdentityTokenKind = "apple_identity_token"
 
     /// The seed's token answer: `{accessToken, accessTokenExpiresAt, refreshToken, refreshTokenExpiresAt, user}`;
     /// `user` carries both the seed's app shape (`id`, `isNewUser`) and the central one (`userId`, `provider`).

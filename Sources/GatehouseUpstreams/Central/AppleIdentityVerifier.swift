@@ -5,7 +5,13 @@ import GatehouseCore
 /// Checks an identity token from Sign in with Apple (iOS's `identityToken`): RS256 with the key
 /// its `kid` names in Apple's JWKS (cached; fetched again for an unknown `kid`, throttled),
 /// `iss` `https://appleid.apple.com`, `aud` the app's bundle id, `exp` in the future, `sub` the
-/// `user` the app sent, an `email`, and the app's `nonce` when it sent one.
+/// `user` the app sent, an `email`, and the nonce.
+///
+/// The nonce, as Apple documents it: the app puts SHA-256 of a random raw nonce, as lowercase hex,
+/// in its `ASAuthorizationAppleIDRequest.nonce`, Apple copies that into the token's `nonce` claim,
+/// and the app sends the RAW nonce here. The claim must equal SHA-256(raw nonce): sending the claim
+/// itself (readable by anyone holding the token) proves nothing and is refused. With
+/// `require_nonce` (the default) a request without a nonce is refused too.
 public struct AppleIdentityVerifier: Sendable {
     /// Who Apple says signed in.
     public struct Identity: Sendable {
@@ -52,13 +58,20 @@ public struct AppleIdentityVerifier: Sendable {
             guard let tokenNonce = claims["nonce"]?.stringValue else {
                 throw JOSEError(check: "nonce", detail: "the app sent a nonce and the token carries none")
             }
-            guard SecureToken.constantTimeEquals(tokenNonce, nonce) else {
-                throw JOSEError(check: "nonce", detail: "the token's nonce is not the one the app sent")
+            guard SecureToken.constantTimeEquals(tokenNonce, Self.nonceClaim(forRawNonce: nonce)) else {
+                throw JOSEError(check: "nonce", detail: "the token's nonce is not the SHA-256 of the raw nonce the app sent")
             }
+        } else if settings.requireNonce {
+            throw JOSEError(check: "nonce", detail: "the app sent no nonce; this app requires the raw nonce of its sign-in request")
         }
         guard let email = claims["email"]?.stringValue, !email.isEmpty else {
             throw JOSEError(check: "email", detail: "the token carries no email")
         }
         return Identity(subject: subject, email: email, expiresAt: Date(timeIntervalSince1970: exp).addingTimeInterval(Self.leeway))
+    }
+
+    /// The `nonce` claim Apple writes for a raw nonce: its SHA-256 as lowercase hex.
+    public static func nonceClaim(forRawNonce raw: String) -> String {
+        CentralRequestSigner.hexSHA256(Data(raw.utf8))
     }
 }

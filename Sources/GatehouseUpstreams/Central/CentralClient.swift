@@ -26,6 +26,11 @@ public enum CentralFailure: Error, Sendable, Equatable {
 
 /// Gatehouse's S2S calls to a central sign-in provider (`{api_base}/v1/auth/…`), each signed
 /// with the app's key (`CentralRequestSigner`) and bounded by the upstream's `timeout`.
+///
+/// The signed path is the path of the URL Gatehouse posts to, `api_base`'s own path included:
+/// the published client signs its contract path `/api/v1/auth/…` and posts to `{baseUrl}` + that
+/// path, and the provider checks the signature against the route it registered, the same
+/// `/api/v1/auth/…`. With `api_base: https://www.broccoliapps.com/api` both are `/api/v1/auth/verify`.
 public struct CentralClient: Sendable {
     let http: UpstreamHTTP
     let central: CentralSettings
@@ -43,7 +48,12 @@ public struct CentralClient: Sendable {
     /// `POST /v1/auth/verify {app, code}`: the user behind a one-minute code, which it spends.
     public func verify(code: String) async throws(CentralFailure) -> CentralUser {
         let answer = try await call("/v1/auth/verify", body: Self.object([("app", appID), ("code", code)]), purpose: "code verification")
-        if answer.status == 404 { throw .codeNotFound }
+        if answer.status == 404 {
+            // The provider's "Auth code not found" is its JSON error; any other 404 is a route it does not have.
+            struct Refusal: Decodable { let message: String }
+            if (try? JSONDecoder().decode(Refusal.self, from: answer.body))?.message == "Auth code not found" { throw .codeNotFound }
+            throw refusal(answer)
+        }
         return try user(in: answer)
     }
 
@@ -85,6 +95,10 @@ public struct CentralClient: Sendable {
             http.logger.error("the central sign-in provider refused Gatehouse's S2S signature; check s2s_private_key_file and the clock",
                               metadata: ["upstream": .string(http.settings.name)])
             return .upstream(.badUpstream("the central sign-in provider refused Gatehouse's request"))
+        case 404:
+            http.logger.error("the central sign-in provider has no such route; check api_base (the provider's S2S routes are under /api)",
+                              metadata: ["upstream": .string(http.settings.name)])
+            return .upstream(.badUpstream("the central sign-in provider answered HTTP 404"))
         case 503:
             return .upstream(.upstreamUnavailable("the central sign-in provider is temporarily unavailable"))
         default:
@@ -92,14 +106,25 @@ public struct CentralClient: Sendable {
         }
     }
 
+    /// The URL of one S2S call and the path its signature covers: the URL's path component as it
+    /// goes on the request line, `api_base`'s path included (`api_base` holds no query, fragment or
+    /// percent-escape, so the path is sent as written).
+    public static func target(apiBase: String, route: String) -> (url: String, signedPath: String) {
+        let url = apiBase + route
+        let afterScheme = url.range(of: "://").map { url[$0.upperBound...] } ?? url[...]
+        let path = afterScheme.firstIndex(of: "/").map { afterScheme[$0...] } ?? "/"
+        return (url, String(path.prefix { $0 != "?" && $0 != "#" }))
+    }
+
     /// One signed POST; the timestamp is taken just before sending (the verifier allows 15 s).
-    private func call(_ path: String, body: String, purpose: String) async throws(CentralFailure) -> (status: Int, headers: HTTPHeaders, body: Data) {
-        var request = HTTPClientRequest(url: central.apiBase + path)
+    private func call(_ route: String, body: String, purpose: String) async throws(CentralFailure) -> (status: Int, headers: HTTPHeaders, body: Data) {
+        let target = Self.target(apiBase: central.apiBase, route: route)
+        var request = HTTPClientRequest(url: target.url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
         request.headers.add(name: "Accept", value: "application/json")
         do {
-            for (name, value) in try central.s2sKey.headers(appID: appID, path: path, body: body, timestamp: now()) {
+            for (name, value) in try central.s2sKey.headers(appID: appID, path: target.signedPath, body: body, timestamp: now()) {
                 request.headers.add(name: name, value: value)
             }
         } catch {

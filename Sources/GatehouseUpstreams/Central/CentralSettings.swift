@@ -29,9 +29,18 @@ public struct CentralSettings: UpstreamProfileSettings {
         public static let issuer = "https://appleid.apple.com"
         public var bundleID: String
         public var jwksURL: String
+        /// `require_nonce` (default true): a request without the raw nonce is refused.
+        public var requireNonce: Bool
+
+        public init(bundleID: String, jwksURL: String, requireNonce: Bool = true) {
+            self.bundleID = bundleID
+            self.jwksURL = jwksURL
+            self.requireNonce = requireNonce
+        }
     }
 
-    /// S2S base: `{apiBase}/v1/auth/verify`.
+    /// S2S base: `{apiBase}/v1/auth/verify`. The broccoliapps provider's routes are under `/api`
+    /// (`https://www.broccoliapps.com/api`); the signature covers the whole path, `/api/v1/auth/verify`.
     public var apiBase: String
     /// Browser base: `{webBase}/auth?app=…&provider=…`.
     public var webBase: String
@@ -43,13 +52,17 @@ public struct CentralSettings: UpstreamProfileSettings {
     public var accessTokenLifetime: Duration
     public var refreshTokenLifetime: Duration
     public var rotation: Rotation
+    /// Magic links per mailbox per hour (`magic_link_limit`, the provider's 5 by default).
     public var magicLinkLimit: Int
+    /// Magic links per client address per hour, whatever their mailboxes (`magic_link_address_limit`).
+    public var magicLinkAddressLimit: Int
     public var appAPI: AppAPI?
     public var apple: Apple?
 
     public init(apiBase: String, webBase: String, provider: Provider = .google, s2sKey: CentralRequestSigner, tokenKeys: CentralTokenKeys,
                 accessTokenLifetime: Duration = .seconds(86400), refreshTokenLifetime: Duration = .seconds(365 * 86400),
-                rotation: Rotation = .everyUse, magicLinkLimit: Int = 5, appAPI: AppAPI? = nil, apple: Apple? = nil) {
+                rotation: Rotation = .everyUse, magicLinkLimit: Int = 5, magicLinkAddressLimit: Int = 20, appAPI: AppAPI? = nil,
+                apple: Apple? = nil) {
         self.apiBase = apiBase
         self.webBase = webBase
         self.provider = provider
@@ -59,6 +72,7 @@ public struct CentralSettings: UpstreamProfileSettings {
         self.refreshTokenLifetime = refreshTokenLifetime
         self.rotation = rotation
         self.magicLinkLimit = magicLinkLimit
+        self.magicLinkAddressLimit = magicLinkAddressLimit
         self.appAPI = appAPI
         self.apple = apple
     }
@@ -70,7 +84,19 @@ public struct CentralSettings: UpstreamProfileSettings {
 
 extension CentralSettings {
     static func decode(_ map: MappingReader, clientID: String?) -> CentralSettings? {
-        let apiBase = GatehouseConfiguration.endpoint("api_base", in: map).map(trimmingSlash)
+        let apiBase = GatehouseConfiguration.endpoint("api_base", in: map).map(trimmingSlash).flatMap { base -> String? in
+            // The S2S signature covers the request's path, api_base's own included: keep that path to
+            // characters sent as written, so the path signed is the path the provider receives.
+            let afterScheme = base.range(of: "://").map { base[$0.upperBound...] } ?? base[...]
+            let path = afterScheme.firstIndex(of: "/").map { afterScheme[$0...] } ?? ""
+            let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/-._~")
+            guard !base.contains("?"), path.allSatisfy(allowed.contains), !path.contains("//") else {
+                map.reader.report(map.childPath("api_base"), map.value("api_base"),
+                                  "must have no query and a path of letters, digits and / - . _ ~ only (the S2S signature covers it)")
+                return nil
+            }
+            return base
+        }
         let webBase = GatehouseConfiguration.endpoint("web_base", in: map).map(trimmingSlash)
         let provider = map.choice("provider", default: Provider.google)
         let environment = map.choice("environment", default: Environment.production)
@@ -80,6 +106,7 @@ extension CentralSettings {
             ?? (environment == .production ? .seconds(365 * 86400) : .seconds(3600))
         let rotation = map.choice("refresh_rotation", default: Rotation.everyUse)
         let limit = map.integer("magic_link_limit", in: 1...1000) ?? 5
+        let addressLimit = map.integer("magic_link_address_limit", in: 1...100_000) ?? 20
         let s2sKey = map.string("s2s_private_key_file", required: true).flatMap { path -> CentralRequestSigner? in
             guard let pem = readKeyFile(path, key: "s2s_private_key_file", in: map) else { return nil }
             do {
@@ -127,13 +154,14 @@ extension CentralSettings {
         if let section = map.mapping("apple") {
             let bundleID = section.string("bundle_id", required: true)
             let jwks = section.value("jwks_url") == nil ? "https://appleid.apple.com/auth/keys" : GatehouseConfiguration.endpoint("jwks_url", in: section)
+            let requireNonce = section.bool("require_nonce") ?? true
             section.finish()
-            if let bundleID, let jwks { apple = Apple(bundleID: bundleID, jwksURL: jwks) }
+            if let bundleID, let jwks { apple = Apple(bundleID: bundleID, jwksURL: jwks, requireNonce: requireNonce) }
         }
         guard let apiBase, let webBase, let s2sKey, let tokenKeys else { return nil }
         return CentralSettings(apiBase: apiBase, webBase: webBase, provider: provider, s2sKey: s2sKey, tokenKeys: tokenKeys,
                                accessTokenLifetime: access, refreshTokenLifetime: refresh, rotation: rotation,
-                               magicLinkLimit: limit, appAPI: appAPI, apple: apple)
+                               magicLinkLimit: limit, magicLinkAddressLimit: addressLimit, appAPI: appAPI, apple: apple)
     }
 
     private static func trimmingSlash(_ url: String) -> String {

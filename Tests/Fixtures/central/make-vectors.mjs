@@ -40,6 +40,21 @@ const cases = [
   // U+0000, U+0001, \b, \f, \r, U+001F → \u0000 \u0001 \b \f \r \u001f.
   { name: "raw-controls", path: "/v1/auth/verify", timestamp: "1764000000006",
     body: "\u0000\u0001\b\f\r\u001f\"\\/" },
+  // The real routes: central-auth.ts declares `api("POST", "/v1/auth/…")` and contract.ts's `api`
+  // prefixes "/api", so the published client signs "/api/v1/auth/…", posts to {baseUrl}/api/v1/auth/…,
+  // and the provider verifies against the route it registered, the same "/api/v1/auth/…". The
+  // vectors above (path without "/api") pin the canonical JSON only: no provider route accepts them.
+  { name: "api-verify", path: "/api/v1/auth/verify", timestamp: "1764000000007",
+    body: JSON.stringify({ app: appId, code: "abc" }) },
+  { name: "api-email", path: "/api/v1/auth/email", timestamp: "1764000000008",
+    body: JSON.stringify({ app: appId, email: "zoe@example.test" }) },
+  { name: "api-email-mobile", path: "/api/v1/auth/email", timestamp: "1764000000009",
+    body: JSON.stringify({ app: appId, email: "zoe@example.test", platform: "mobile" }) },
+  { name: "api-verify-native-non-ascii", path: "/api/v1/auth/verify-native", timestamp: "1764000000010",
+    body: JSON.stringify({ app: appId, email: "yuki.yamada@example.test", name: "Yūki Ünal 山田", provider: "apple" }) },
+  { name: "api-verify-native-escapes", path: "/api/v1/auth/verify-native", timestamp: "1764000000011",
+    body: JSON.stringify({ app: appId, email: "esc.api@example.test",
+      name: "a\"b\\c/d\ne\tf\u0001g\u2028h\u2029i\u001fj\u007fk\u{1F966}l", provider: "apple" }) },
 ];
 
 const vectors = cases.map(({ name, path, timestamp, body }) => {
