@@ -27,11 +27,13 @@ from operations import UpstreamDouble, gateway, gateway_config
 
 #: Gatehouse's `upstream_connect_timeout` here: how long a connection attempt may take.
 CONNECT_TIMEOUT = 3.0
-#: An answer during the outage comes sooner than one connect timeout (the refusal is not waited
-#: out); the release waited out three (three attempts of a connect timeout each).
+#: An answer during the outage comes sooner than one connect timeout: the refusal is not waited
+#: out (a pool that retries connections in the background holds requests for the whole connect
+#: timeout, and a refresh retried after each would take three).
 OUTAGE_ANSWER_WITHIN = CONNECT_TIMEOUT - 1.0
 #: The first answers after the outage come well within one connect timeout (the double answers
-#: in milliseconds); the release made them wait for its pool's backoff, or failed them after it.
+#: in milliseconds): a pool still backing off from the outage's failed attempts would hold them,
+#: or fail them at the connect timeout.
 RECOVERED_ANSWER_WITHIN = CONNECT_TIMEOUT / 2
 #: Relayed calls made at once during the outage: a few apps, not one.
 CONCURRENT_CALLS = 8
