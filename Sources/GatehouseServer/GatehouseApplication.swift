@@ -141,9 +141,11 @@ public enum GatehouseApplication {
         return try outcome.get()
     }
 
-    /// The process's one outbound HTTP client: no redirects followed, bounded connect time.
+    /// The process's one outbound HTTP client: no redirects followed, bounded connect time,
+    /// no connection retries of its own (`outageSafe`).
     public static func makeHTTPClient(for configuration: GatehouseConfiguration) -> HTTPClient {
         var clientConfiguration = HTTPClient.Configuration()
+        clientConfiguration.connectionPool = .outageSafe(idleTimeout: .seconds(60), connectionsPerHost: 8)
         clientConfiguration.redirectConfiguration = .disallow
         let (seconds, attoseconds) = configuration.server.upstreamConnectTimeout.components
         clientConfiguration.timeout.connect = .milliseconds(seconds * 1000 + attoseconds / 1_000_000_000_000_000)
@@ -284,5 +286,24 @@ public enum GatehouseApplication {
             configuration: configuration, cache: cache,
             resolvers: resolvers ?? configuration.identityResolvers(client: httpClient),
             backendClient: backendClient ?? RelayServices.makeBackendClient(for: configuration), signer: signer)
+    }
+}
+
+extension HTTPClient.Configuration.ConnectionPool {
+    /// A pool that makes one connection attempt when a request needs one, and fails the requests
+    /// waiting for it as soon as it fails.
+    ///
+    /// AsyncHTTPClient's default (`retryConnectionEstablishment`) retries a failed attempt in the
+    /// background, with a backoff (100 ms × 1.25ⁿ, up to 60 s) that only a connection made resets,
+    /// and keeps the requests waiting until their connect timeout. Through an outage every refused
+    /// attempt lengthens the backoff; once the server is back, requests still wait for the backoff
+    /// timer and fail at the connect timeout while the server answers others in milliseconds. Here
+    /// a refused connection is an answer at once (503 with `Retry-After`), and the next request
+    /// opens a new connection: the first request after an outage gets through. Whether a failed
+    /// request is sent again is Gatehouse's decision (`refreshRespectingPolicy`), never the pool's.
+    static func outageSafe(idleTimeout: TimeAmount, connectionsPerHost: Int) -> Self {
+        var pool = Self(idleTimeout: idleTimeout, concurrentHTTP1ConnectionsPerHostSoftLimit: connectionsPerHost)
+        pool.retryConnectionEstablishment = false
+        return pool
     }
 }

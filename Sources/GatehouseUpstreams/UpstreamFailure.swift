@@ -13,8 +13,8 @@ enum UpstreamFailure {
             case .deadlineExceeded, .readTimeout, .writeTimeout:
                 return OAuthError.upstreamTimeout("the authorization server did not answer in time").delivered(.unknown)
             case .connectTimeout, .tlsHandshakeTimeout, .getConnectionFromPoolTimeout:
-                // No connection, so no request: nothing was spent.
-                return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unspent)
+                // No connection, so no request: nothing was spent; but the whole connect timeout was.
+                return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unspent, timedOut: true)
             case .remoteConnectionClosed:
                 return OAuthError.upstreamUnavailable("the authorization server closed the connection").delivered(.unknown)
             default:

@@ -76,10 +76,17 @@ struct PassthroughRefreshTests {
         }
     }
 
-    @Test(arguments: [(RefreshTokenPolicy.singleUse, UpstreamDelivery.unknown, 1), (.singleUse, .unspent, 3), (.reusable, .unknown, 3)])
-    func anUnknownOutcomeIsNotRetriedOnASingleUseToken(policy: RefreshTokenPolicy, delivery: UpstreamDelivery, calls: Int) async throws {
+    /// A quick failure is retried as the policy allows; one that waited out a timeout never is.
+    @Test(arguments: [
+        (RefreshTokenPolicy.singleUse, OAuthError.upstreamUnavailable("reset").delivered(.unknown), 1),
+        (.singleUse, .upstreamUnavailable("refused").delivered(.unspent), 3),
+        (.reusable, .upstreamUnavailable("reset").delivered(.unknown), 3),
+        (.reusable, .upstreamTimeout("slow").delivered(.unknown), 1),
+        (.singleUse, .upstreamUnavailable("no connection in time").delivered(.unspent, timedOut: true), 1),
+    ])
+    func anUnknownOutcomeIsNotRetriedOnASingleUseToken(policy: RefreshTokenPolicy, failure: OAuthError, calls: Int) async throws {
         try await TestGatehouse.withRouter(policy: policy) { test, client in
-            test.upstream.answer(with: .failure(OAuthError.upstreamTimeout("slow").delivered(delivery)))
+            test.upstream.answer(with: .failure(failure))
             let failed = try await Self.refresh(client)
             #expect(failed.status == .serviceUnavailable && failed.headers[.retryAfter] != nil)
             #expect(json(failed)["error"] as? String == "temporarily_unavailable")

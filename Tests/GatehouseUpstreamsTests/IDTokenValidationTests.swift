@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Crypto
 import Foundation
 import GatehouseCore
@@ -325,6 +326,15 @@ struct IDTokenValidationTests {
         #expect(second?.check == "kid")
         #expect(await endpoint.fetches == 2)
         #expect(await cache.fetches == 2)
+    }
+
+    @Test("a key set fetch that waited out a timeout is not repeated; one that failed quickly is, once")
+    func keySetRetries() async throws {
+        for (failure, fetches) in [(HTTPClientError.connectTimeout, 1), (.deadlineExceeded, 1), (.remoteConnectionClosed, 2)] {
+            let cache = JWKSCache(url: "https://op.example/api/v2/jwks", retryBackoff: .milliseconds(1), fetch: { _ in throw failure })
+            await #expect(throws: JOSEError.self) { _ = try await cache.lookup(keyID: "k", algorithm: .es256) }
+            #expect(await cache.fetches == fetches, "\(failure)")
+        }
     }
 
     @Test("a key published after the first fetch is picked up by the one refetch")

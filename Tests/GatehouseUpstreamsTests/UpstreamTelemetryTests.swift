@@ -14,6 +14,8 @@ final class ScriptedUpstream: Sendable {
     enum Answer: Sendable {
         case status(Int, headers: [(String, String)] = [], body: String = "")
         case failure(HTTPClientError)
+        /// The connection refused, as the pool reports it at once: nothing sent.
+        case refused
     }
 
     private let script: Mutex<[Answer]>
@@ -40,6 +42,8 @@ final class ScriptedUpstream: Sendable {
                 return (HTTPResponseStatus(statusCode: code), HTTPHeaders(headers), ByteBuffer(string: body))
             case .failure(let error):
                 throw error
+            case .refused:
+                throw IOError(errnoCode: ECONNREFUSED, reason: "connect")
             }
         }
     }
@@ -63,12 +67,13 @@ struct UpstreamTelemetryTests {
         let metrics = TestMetrics()
         let profile: OAuth2Upstream
 
-        init(_ answers: [ScriptedUpstream.Answer]) {
+        init(_ answers: [ScriptedUpstream.Answer], policy: RefreshTokenPolicy = .singleUse) {
             let upstream = ScriptedUpstream(answers)
             self.upstream = upstream
-            let settings = UpstreamSettings(
+            var settings = UpstreamSettings(
                 name: "op", kind: "oauth2", clientID: "c", clientSecret: Secret("s"),
                 profile: OAuth2Settings(authorizationEndpoint: "https://op.example/authorize", tokenEndpoint: "https://op.example/token"))
+            settings.refreshTokenPolicy = policy
             let clock = self.clock
             profile = OAuth2Upstream(http: UpstreamHTTP(settings: settings, transport: upstream.transport, logger: Logger(label: "test"),
                                                         metrics: metrics, now: { clock.now }))
@@ -150,6 +155,39 @@ struct UpstreamTelemetryTests {
         // The 429 is retryable (the upstream did not act), but the retry meets the backoff.
         #expect(fixture.upstream.calls == 1)
         #expect(fixture.backoffRefusals == 1)
+    }
+
+    // MARK: Retries of a refresh
+
+    @Test func aRefusedConnectionIsRetriedNothingHavingBeenSent() async throws {
+        let fixture = Fixture([.refused, .refused, .status(200, body: Self.tokens)])
+        let tokens = try await fixture.profile.refreshRespectingPolicy("rt", scope: nil)
+        #expect(tokens.accessToken.reveal() == "at")
+        #expect(fixture.upstream.calls == 3)
+    }
+
+    /// An attempt that waited out a timeout is the last, whatever the policy: a second one would
+    /// make the app wait as long again (three connect timeouts in a row during an outage).
+    @Test(arguments: [HTTPClientError.connectTimeout, .getConnectionFromPoolTimeout, .deadlineExceeded, .readTimeout],
+          [RefreshTokenPolicy.singleUse, .reusable])
+    func anAttemptThatWaitedOutATimeoutIsNotRepeated(timeout: HTTPClientError, policy: RefreshTokenPolicy) async throws {
+        let fixture = Fixture([.failure(timeout), .status(200, body: Self.tokens)], policy: policy)
+        do throws(OAuthError) {
+            _ = try await fixture.profile.refreshRespectingPolicy("rt", scope: nil)
+            Issue.record("a refresh that timed out succeeded")
+        } catch {
+            #expect(error.timedOut)
+            #expect(error.status == 503 || error.status == 504)
+        }
+        #expect(fixture.upstream.calls == 1)
+    }
+
+    @Test func aResetAfterSendingIsRetriedOnlyForReusableTokens() async throws {
+        for (policy, calls) in [(RefreshTokenPolicy.singleUse, 1), (.reusable, 2)] {
+            let fixture = Fixture([.failure(.remoteConnectionClosed), .status(200, body: Self.tokens)], policy: policy)
+            _ = try? await fixture.profile.refreshRespectingPolicy("rt", scope: nil)
+            #expect(fixture.upstream.calls == calls, "\(policy)")
+        }
     }
 
     @Test func revocationIsNotHeldBackByTheTokenEndpointsBackoff() async throws {

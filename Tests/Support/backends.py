@@ -53,11 +53,11 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 1024  # listen backlog: bursts of hundreds of concurrent connections
     daemon_threads = True
 
-    def __init__(self, owner, handler):
+    def __init__(self, owner, handler, port=0):
         self.owner = owner
         self.open_connections = set()
         self.connections_lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), handler)
+        super().__init__(("127.0.0.1", port), handler)  # SO_REUSEADDR: a stopped port can be taken again at once
 
     def process_request(self, request, client_address):
         with self.connections_lock:
@@ -193,20 +193,31 @@ class _TLSHTTPServer(_HTTPServer):
 
 
 class _Server:
-    """Starts `handler` on 127.0.0.1:0 in a daemon thread; counts calls and connections."""
+    """Starts `handler` on 127.0.0.1:`port` (0: a free one) in a daemon thread; counts calls
+    and connections. After `stop()`, `restart()` listens again on the same port."""
 
     _server_class = _HTTPServer
 
-    def __init__(self, handler):
+    def __init__(self, handler, port=0):
         self._lock = threading.Lock()
         self.stopping = threading.Event()  # set by stop(): releases every artificial wait
         self.reset()
-        self._httpd = self._server_class(self, handler)
-        self.port = self._httpd.server_address[1]
+        self._handler = handler
+        self._listen(port)
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def _listen(self, port):
+        self._httpd = self._server_class(self, self._handler, port)
+        self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=type(self).__name__, daemon=True)
         self._thread.start()
+
+    def restart(self):
+        """Listens again on the port of before `stop()`, counters and state kept: a server back
+        from an outage, at the address its clients know."""
+        self.stopping.clear()
+        self._listen(self.port)
 
     def reset(self):
         with self._lock:

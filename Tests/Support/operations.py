@@ -14,6 +14,8 @@ small doubles no package offers.
                                               records the traceparent of each call
     TokenEndpointDouble                       an upstream token endpoint answering 429 (or any
                                               status), counting calls with their times
+    UpstreamDouble                            both at one address, on a port that survives
+                                              stop() and restart() (an outage)
     relay_sign_in(base, seen, client_id)      a sign-in through a `wiring: relay` client (works on
                                               any port: the upstream sends the browser to the app)
     poll(predicate, timeout, what)            the polling loop every test uses instead of sleeping
@@ -96,15 +98,15 @@ class IdentityDouble(_Server):
     set again (or stop()): an identity service as slow as the test needs. Counters besides the
     `_Server` ones (calls, in_flight, max_in_flight): `known_calls`, `unknown_calls`, `waiting`
     (calls held at the gate now); `traceparents`: the traceparent field of each call (several
-    fields joined with ", ", None for none)."""
+    fields joined with ", ", None for none). `port`: where it listens (0: a free port)."""
 
-    def __init__(self):
+    def __init__(self, handler=_IdentityHandler, port=0):
         self.tokens = {}
         self.bpids = {}
         self.gate = threading.Event()
         self.gate.set()
         self._changed = threading.Condition(threading.Lock())
-        super().__init__(_IdentityHandler)
+        super().__init__(handler, port)
         self._lock = self._changed  # one lock: _Server's counters and ours, with a condition
         self.url_for_config = self.url + IDENTITY_PATH
 
@@ -190,6 +192,35 @@ class TokenEndpointDouble(_Server):
 
     @property
     def count(self):
+        with self._lock:
+            return len(self.call_times)
+
+
+class _UpstreamHandler(_IdentityHandler):
+    def respond(self):
+        if self.command == "POST" and self.path.split("?")[0] != IDENTITY_PATH:
+            return _TokenEndpointHandler.respond(self)
+        return super().respond()
+
+
+class UpstreamDouble(IdentityDouble):
+    """An upstream that is its own identity service, at one address (so one connection pool
+    in Gatehouse): IdentityDouble on its identity path, and every other POST answered as by
+    TokenEndpointDouble (`status`, 200 by default: a new token pair; `call_times`, `bodies`,
+    `token_calls`). `port`: where it listens (0: a free port); `stop()` then `restart()` is
+    an outage: connections refused in between, the same port after."""
+
+    def __init__(self, port=0, status=200, retry_after=None):
+        self.status, self.retry_after = status, retry_after
+        super().__init__(_UpstreamHandler, port)
+
+    def reset(self):
+        super().reset()
+        self.call_times = []
+        self.bodies = []
+
+    @property
+    def token_calls(self):
         with self._lock:
             return len(self.call_times)
 

@@ -213,9 +213,10 @@ public struct UpstreamSettings: Sendable {
 }
 
 extension UpstreamSettings {
-    /// How long one instance may hold the right to refresh a token: its longest refresh (three
-    /// attempts within the timeout each, and their backoff), at least 3 s. Another instance takes
-    /// over only once it has run out, so a holder that dies (kill -9) delays a refresh by this much.
+    /// How long one instance may hold the right to refresh a token: three timeouts and 2 s, at
+    /// least 3 s, well past its longest refresh (retries start within the timeout and the last
+    /// attempt may take a whole one: under two timeouts). Another instance takes over only once it
+    /// has run out, so a holder that dies (kill -9) delays a refresh by this much.
     public var refreshLeaseSeconds: Double { max(3, 3 * timeout.inSeconds + 2) }
 }
 

@@ -31,6 +31,10 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public let retryAfter: Int?
     /// For a failed upstream exchange: whether the request may have reached the upstream.
     public private(set) var delivery: UpstreamDelivery = .notUpstream
+    /// For a failed upstream exchange: whether it took a whole timeout (to connect, or for the
+    /// answer). Such an attempt is not repeated for the same request: the app would wait as long
+    /// again, most likely for the same 503.
+    public private(set) var timedOut = false
     /// The server nonce the app must put in its next DPoP proof (`DPoP-Nonce`, RFC 9449 §8).
     public private(set) var dpopNonce: String?
 
@@ -41,10 +45,12 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
         self.retryAfter = retryAfter
     }
 
-    /// The same error, recording whether the failed upstream request may have been acted on.
-    public func delivered(_ delivery: UpstreamDelivery) -> Self {
+    /// The same error, recording whether the failed upstream request may have been acted on,
+    /// and whether it waited out a timeout (`timedOut`).
+    public func delivered(_ delivery: UpstreamDelivery, timedOut: Bool? = nil) -> Self {
         var copy = self
         copy.delivery = delivery
+        if let timedOut { copy.timedOut = timedOut }
         return copy
     }
 
@@ -88,7 +94,11 @@ public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public static func rateLimited(retryAfter: Int) -> Self {
         .init(.temporarilyUnavailable, "Too many requests; retry after \(retryAfter) s.", status: 429, retryAfter: retryAfter)
     }
-    public static func upstreamTimeout(_ detail: String) -> Self { .init(.temporarilyUnavailable, detail, status: 504) }
+    public static func upstreamTimeout(_ detail: String) -> Self {
+        var error = Self(.temporarilyUnavailable, detail, status: 504)
+        error.timedOut = true
+        return error
+    }
 
     /// Rebuilds an error an upstream sent, for the codes an app can act on; `nil` for the others.
     ///

@@ -52,7 +52,7 @@ public struct RelayServices: Sendable {
         settings.tracing.tracer = nil
         settings.redirectConfiguration = .disallow
         settings.decompression = .disabled
-        settings.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 512)
+        settings.connectionPool = .outageSafe(idleTimeout: .seconds(60), connectionsPerHost: 512)
         let (seconds, attoseconds) = configuration.server.upstreamConnectTimeout.components
         settings.timeout.connect = .milliseconds(seconds * 1000 + attoseconds / 1_000_000_000_000_000)
         let longest = configuration.routes.map(\.timeout).max() ?? .seconds(30)

@@ -167,7 +167,7 @@ public final class SessionServices: Sendable {
                 // that ran out, a dead holder, keeps its owner and is taken over below.)
                 return .unavailable()
             }
-            // The lease outlasts the longest refresh this instance may make: three attempts and their backoff.
+            // The lease outlasts the longest refresh this instance may make (`refreshLeaseSeconds`).
             let lease = upstreams[session.upstream]?.settings.refreshLeaseSeconds ?? 32
             let leased: Bool
             do {

@@ -140,7 +140,9 @@ public actor JWKSCache {
         if let failure { throw failure }
     }
 
-    /// Two attempts at most; the set is replaced only by one that parsed.
+    /// Two attempts at most, the second only after a quick failure (an attempt that waited out a
+    /// timeout is not repeated: whoever waits for the keys would wait as long again); the set is
+    /// replaced only by one that parsed.
     private func download() async -> JOSEError? {
         var failure = JOSEError.keySetUnavailable("the key set was not fetched")
         for attempt in 1...2 {
@@ -152,8 +154,9 @@ public actor JWKSCache {
             do {
                 answer = try await fetch(url)
             } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout].contains(error) {
-                failure = .keySetUnavailable("the key set endpoint did not answer in time")
-                continue
+                return .keySetUnavailable("the key set endpoint did not answer in time")
+            } catch let error as HTTPClientError where [.connectTimeout, .tlsHandshakeTimeout, .getConnectionFromPoolTimeout].contains(error) {
+                return .keySetUnavailable("the key set endpoint cannot be reached")
             } catch is NIOTooManyBytesError {
                 failure = .keySetUnavailable("the key set endpoint's answer is too large")
                 continue

@@ -202,6 +202,7 @@ actor OIDCProviderState {
             } catch {
                 if error.status == 502 { throw error }  // a document that is wrong is not retried
                 lastError = error
+                if error.timedOut { break }  // waited out once: not twice for the same request
             }
         }
         if let discovered { return discovered.endpoints }  // stale beats none
