@@ -12,12 +12,27 @@ public import NIOHTTP1
 ///
 /// After the token endpoint answers 429, no code exchange or refresh is sent until the wait it
 /// asked for is over (`UpstreamBackoff`): the app is answered 503 with `Retry-After` at once.
+/// A 429 answered to a request made for a token Gatehouse has no record of (`Trust.unknownToken`,
+/// a task-local the caller sets) backs off only such requests: one client's made-up tokens never
+/// put every user into a backoff. Everyone else's 429 is obeyed by those requests too.
 public struct UpstreamHTTP: Sendable {
     public let settings: UpstreamSettings
     public let logger: Logger
     let transport: Transport
     let telemetry: UpstreamTelemetry
     let backoff: UpstreamBackoff
+    let unknownTokenBackoff: UpstreamBackoff
+
+    /// Whom a token request is made for.
+    public enum Trust: Sendable {
+        /// A sign-in, or a token Gatehouse handed out or saw refreshed.
+        case known
+        /// A refresh token Gatehouse has no record of: maybe made up.
+        case unknownToken
+    }
+
+    /// The trust of the token requests made in this task (`.known` unless the caller says).
+    @TaskLocal public static var trust: Trust = .known
 
     /// One request and the whole answer (at most `maximumResponseBytes`), within the timeout.
     typealias Transport = @Sendable (HTTPClientRequest, Duration) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer)
@@ -39,13 +54,15 @@ public struct UpstreamHTTP: Sendable {
         self.logger = logger
         self.telemetry = UpstreamTelemetry(upstream: settings.name, metrics: metrics)
         self.backoff = UpstreamBackoff(now: now)
+        self.unknownTokenBackoff = UpstreamBackoff(now: now)
     }
 
     /// A token-endpoint request (code, refresh) and its checked answer.
     func tokenRequest(url: String, _ parameters: [(String, String)], endpoint: UpstreamEndpoint, purpose: String)
         async throws(OAuthError) -> UpstreamTokenResponse
     {
-        if let seconds = backoff.remainingSeconds() {
+        let lane = Self.trust == .unknownToken ? unknownTokenBackoff : backoff
+        if let seconds = backoff.remainingSeconds() ?? lane.remainingSeconds() {
             // Nothing is sent: a refusal by Gatehouse, which no retry loop should repeat.
             telemetry.rateLimited(.upstream_backoff)
             throw .upstreamUnavailable("the authorization server asked Gatehouse to slow down; retry after \(seconds) s", retryAfter: seconds)
@@ -53,7 +70,7 @@ public struct UpstreamHTTP: Sendable {
         let request = settings.authenticatedForm(url: url, parameters)
         let (status, headers, data) = try await sendWithHeaders(request, endpoint: endpoint, purpose: purpose)
         if status == 429 {
-            let seconds = backoff.start(retryAfter: headers.first(name: "Retry-After"))
+            let seconds = lane.start(retryAfter: headers.first(name: "Retry-After"))
             logger.warning("upstream \(purpose) rate limited; backing off", metadata: [
                 "upstream": .string(settings.name), "retry_after": .stringConvertible(seconds),
             ])

@@ -325,3 +325,23 @@ def sign_in_sealed(instance, seen):
     pair = answer.json()
     assert pair["access_token"].startswith("gha_")
     return app, pair
+
+
+def test_a_429_to_a_made_up_refresh_token_does_not_back_off_everyone(passthrough, seen):
+    """The upstream answers 429 to a refresh of a token Gatehouse has no record of: such
+    refreshes back off, and every app's real refreshes go on (one client's junk cannot put every
+    user into a backoff)."""
+    proxy = passthrough["proxies"]["legacy"]
+    app, pair = sign_in(passthrough, seen)
+    proxy.fault = (429, b'{"error": "slow_down"}')
+    try:
+        junk = App(passthrough, seen).refresh("made-up-" + secrets.token_urlsafe(24))
+        assert junk.status_code == 503 and int(junk.headers["Retry-After"]) > 0, junk.text
+    finally:
+        proxy.fault = None
+    refreshed = app.refresh(pair["refresh_token"])
+    assert refreshed.status_code == 200, refreshed.text
+    # Another made-up token meets the backoff its kind started: refused at once, nothing sent.
+    before = proxy.refreshes
+    again = App(passthrough, seen).refresh("made-up-" + secrets.token_urlsafe(24))
+    assert again.status_code == 503 and proxy.refreshes == before, again.text

@@ -133,6 +133,28 @@ struct UpstreamTelemetryTests {
         #expect(fixture.upstream.calls == 2)
     }
 
+    @Test func a429ToARefreshOfAnUnknownTokenBacksOffOnlySuchRefreshes() async throws {
+        let fixture = Fixture([.status(429, headers: [("Retry-After", "60")]), .status(200, body: Self.tokens)])
+        let junk = await UpstreamHTTP.$trust.withValue(.unknownToken) { await fixture.refresh() }
+        #expect(junk.failure?.status == 503 && junk.failure?.retryAfter == 60)
+        // Everyone else is not held back by it: the next (known) refresh is sent, and succeeds.
+        #expect(await fixture.refresh().success != nil)
+        #expect(fixture.upstream.calls == 2)
+        // Another unknown token meets the backoff its lane started, nothing sent.
+        let again = await UpstreamHTTP.$trust.withValue(.unknownToken) { await fixture.refresh() }
+        #expect(again.failure?.retryAfter == 60)
+        #expect(fixture.upstream.calls == 2)
+        #expect(fixture.backoffRefusals == 1)
+    }
+
+    @Test func aBackoffEveryoneMustObeyHoldsUnknownTokensToo() async throws {
+        let fixture = Fixture([.status(429, headers: [("Retry-After", "30")])])
+        #expect(await fixture.refresh().failure?.retryAfter == 30)
+        let junk = await UpstreamHTTP.$trust.withValue(.unknownToken) { await fixture.refresh() }
+        #expect(junk.failure?.retryAfter == 30)
+        #expect(fixture.upstream.calls == 1)
+    }
+
     @Test func a429WithoutRetryAfterWaitsFiveSeconds() async throws {
         let fixture = Fixture([.status(429), .status(200, body: Self.tokens)])
         #expect(await fixture.exchangeCode().failure?.retryAfter == 5)

@@ -140,7 +140,7 @@ final class PassthroughRefresher: Sendable {
                                    upstream: any UpstreamProfile, counted: inout GatehouseMetrics.RefreshOutcome) async throws(OAuthError) -> Data {
         let fresh: UpstreamTokenResponse
         do throws(OAuthError) {
-            fresh = try await upstream.refreshRespectingPolicy(token, scope: scope)
+            fresh = try await Self.refreshing(token, scope: scope, upstream: upstream, trust: boundBefore ? .known : .unknownToken)
         } catch where error.code == "invalid_grant" {
             // Another instance may have answered after our lease ran out: its answer stands.
             if let stored = try? await storedAnswer(hash, token: token) {
@@ -195,6 +195,20 @@ final class PassthroughRefresher: Sendable {
         logger.error("refreshed passthrough tokens could not be recorded; a concurrent refresh of the same token may fail",
                      metadata: ["client_id": .string(client.clientID)])
         return body
+    }
+
+    /// The upstream refresh, in the backoff lane of its trust (`UpstreamHTTP.Trust`).
+    private static func refreshing(_ token: String, scope: String?, upstream: any UpstreamProfile, trust: UpstreamHTTP.Trust)
+        async throws(OAuthError) -> UpstreamTokenResponse
+    {
+        let result: Result<UpstreamTokenResponse, OAuthError> = await UpstreamHTTP.$trust.withValue(trust) {
+            do throws(OAuthError) {
+                return .success(try await upstream.refreshRespectingPolicy(token, scope: scope))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
     }
 
     private func storedAnswer(_ hash: String, token: String) async throws -> Data? {
