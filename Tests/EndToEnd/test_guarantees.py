@@ -46,57 +46,33 @@ def authority():
     return AppleAuthority()
 
 
+def client(client_id, *lines, redirects=(APP_REDIRECT,)):
+    """One `clients:` entry of the legacy upstream; `lines` are its other settings, YAML lines
+    indented under the entry (four spaces)."""
+    uris = ", ".join(f'"{uri}"' for uri in redirects)
+    return f"""
+  - client_id: {client_id}
+    upstream: legacy
+    scopes: [read, write]
+    redirect_uris: [{uris}]""" + "".join("\n    " + line for line in lines)
+
+
+def apple_required(root=None):
+    """The `instances:` lines of an app whose instances must certify with App Attest."""
+    return ["instances:", "  attestation: required", "  apple:", f"    app_id: {APP_ID}"] + (
+        [f"    root_ca_file: {root}"] if root else [])
+
+
 @pytest.fixture(scope="module")
 def guarded(workdir, seen, authority):
     root = authority.write_root(workdir / "guard-root.pem")
-    clients = f"""
-  - client_id: {REQUIRED}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      attestation: required
-      apple:
-        app_id: {APP_ID}
-        root_ca_file: {root}
-  - client_id: {PASSTHROUGH_REQUIRED}
-    upstream: legacy
-    token_exposure: passthrough
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      attestation: required
-      apple:
-        app_id: {APP_ID}
-        root_ca_file: {root}
-  - client_id: {PENDING}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}", "{OTHER_REDIRECT}"]
-    instances:
-      unused_lifetime: 2h
-      pending_lifetime: 2m
-      max_pending: 3
-  - client_id: {OPEN}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}", "{OTHER_REDIRECT}"]
-    instances:
-      unused_lifetime: 2h
-  - client_id: {SHIPPED_ROOT}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      attestation: required
-      apple:
-        app_id: {APP_ID}
-  - client_id: {JUNK}
-    upstream: legacy
-    token_exposure: passthrough
-    unknown_refresh_tokens: refuse
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]"""
+    clients = (client(REQUIRED, *apple_required(root))
+               + client(PASSTHROUGH_REQUIRED, "token_exposure: passthrough", *apple_required(root))
+               + client(PENDING, "instances:", "  unused_lifetime: 2h", "  pending_lifetime: 2m", "  max_pending: 3",
+                        redirects=(APP_REDIRECT, OTHER_REDIRECT))
+               + client(OPEN, "instances:", "  unused_lifetime: 2h", redirects=(APP_REDIRECT, OTHER_REDIRECT))
+               + client(SHIPPED_ROOT, *apple_required())
+               + client(JUNK, "token_exposure: passthrough", "unknown_refresh_tokens: refuse"))
     extra = f"""observability:
   metrics:
     allow: ["127.0.0.1"]
@@ -105,6 +81,15 @@ def guarded(workdir, seen, authority):
     store = f"{workdir}/guard.sqlite\n  sweep_interval: 1s"
     with trusted_gatehouse(workdir, seen, "guard", clients, extra=extra, store=store) as running:
         yield running
+
+
+def attested(gatehouse, authority, client_id, **options):
+    """An App Attest attestation of a new key for `client_id`'s fresh challenge: (answer, object's base64)."""
+    nonce = requests.post(gatehouse["url"] + "/oauth/attestation/challenge", data={"client_id": client_id}, timeout=10).json()["challenge"]
+    key_id, obj = attest(authority, DeviceKey(), nonce, APP_ID, **options)
+    answer = requests.post(gatehouse["url"] + "/oauth/attestation", timeout=10, data={
+        "client_id": client_id, "challenge": nonce, "type": "apple", "key_id": key_id, "attestation_object": obj})
+    return answer, obj
 
 
 def authorize_error(gatehouse, client_id, redirect_uri=APP_REDIRECT):
@@ -145,12 +130,9 @@ def test_an_uncertified_instance_of_a_passthrough_app_gets_no_upstream_tokens(gu
 
 def test_a_real_sized_app_attest_object_certifies_an_instance(guarded, seen, authority):
     client_id = register(guarded, {"software_id": REQUIRED}).json()["client_id"]
-    nonce = requests.post(guarded["url"] + "/oauth/attestation/challenge", data={"client_id": client_id}, timeout=10).json()["challenge"]
-    key_id, obj = attest(authority, DeviceKey(), nonce, APP_ID)
+    answer, obj = attested(guarded, authority, client_id)
     # Apple's receipt makes a genuine object several kilobytes: over the 4 KiB of any other form field.
     assert len(obj) > 6000, len(obj)
-    answer = requests.post(guarded["url"] + "/oauth/attestation", timeout=10, data={
-        "client_id": client_id, "challenge": nonce, "type": "apple", "key_id": key_id, "attestation_object": obj})
     assert answer.status_code == 200, answer.text
     app = App(guarded, seen, client_id=client_id)
     tokens = app.redeem(app.sign_in()["code"])
@@ -159,10 +141,7 @@ def test_a_real_sized_app_attest_object_certifies_an_instance(guarded, seen, aut
 
 def test_an_oversized_attestation_object_gets_a_precise_error_never_a_500(guarded, authority):
     client_id = register(guarded, {"software_id": REQUIRED}).json()["client_id"]
-    nonce = requests.post(guarded["url"] + "/oauth/attestation/challenge", data={"client_id": client_id}, timeout=10).json()["challenge"]
-    _, obj = attest(authority, DeviceKey(), nonce, APP_ID, receipt_size=14_000)
-    answer = requests.post(guarded["url"] + "/oauth/attestation", timeout=10, data={
-        "client_id": client_id, "challenge": nonce, "type": "apple", "key_id": "x", "attestation_object": obj})
+    answer, _ = attested(guarded, authority, client_id, receipt_size=14_000)
     # Over the body limit (16 KiB by default): the OAuth error says so.
     assert answer.status_code == 400 and answer.json()["error"] == "invalid_request", answer.text
     assert "larger than 16384 bytes" in answer.json()["error_description"]
@@ -171,30 +150,16 @@ def test_an_oversized_attestation_object_gets_a_precise_error_never_a_500(guarde
 def test_without_root_ca_file_the_shipped_apple_root_is_the_only_trust(guarded, authority):
     # A chain under any other root (here the test root every other test trusts) is refused.
     client_id = register(guarded, {"software_id": SHIPPED_ROOT}).json()["client_id"]
-    nonce = requests.post(guarded["url"] + "/oauth/attestation/challenge", data={"client_id": client_id}, timeout=10).json()["challenge"]
-    key_id, obj = attest(authority, DeviceKey(), nonce, APP_ID)
-    answer = requests.post(guarded["url"] + "/oauth/attestation", timeout=10, data={
-        "client_id": client_id, "challenge": nonce, "type": "apple", "key_id": key_id, "attestation_object": obj})
+    answer, _ = attested(guarded, authority, client_id)
     assert answer.status_code == 400 and answer.json()["error"] == "invalid_attestation", answer.text
     assert "root" in answer.json()["error_description"], answer.text
 
 
 @pytest.fixture(scope="module")
 def limited(workdir, seen):
-    clients = f"""
-  - client_id: {PENDING}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      attestation: preferred
-      manual_certification: false
-      play:
-        package_name: {PENDING}
-        decryption_key_file: {{decryption}}
-        verification_key_file: {{verification}}"""
     decryption, verification = PlayKeys().write(workdir, "limited-play")
-    clients = clients.replace("{decryption}", str(decryption)).replace("{verification}", str(verification))
+    clients = client(PENDING, "instances:", "  attestation: preferred", "  play:", f"    package_name: {PENDING}",
+                     f"    decryption_key_file: {decryption}", f"    verification_key_file: {verification}")
     extra = 'rate_limits:\n  oauth_per_client: {per_second: 0.01, burst: 3}\n  oauth_per_address: {per_second: 0.01, burst: 40}\nwebviews:\n  origins: ["https://app.example.test"]'
     with trusted_gatehouse(workdir, seen, "guard-limited", clients, extra=extra) as running:
         yield running
@@ -327,16 +292,10 @@ def test_the_audit_stream_never_writes_an_instance_id_in_full(guarded, seen, wor
 @pytest.fixture
 def switching(workdir, seen, authority):
     root = authority.write_root(workdir / "switch-root.pem")
-    client = f"""
-  - client_id: {REQUIRED}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      unused_lifetime: 2h"""
-    with trusted_gatehouse(workdir, seen, "switch", client, extra='webviews:\n  origins: ["https://app.example.test"]') as running:
+    entry = client(REQUIRED, "instances:", "  unused_lifetime: 2h")
+    with trusted_gatehouse(workdir, seen, "switch", entry, extra='webviews:\n  origins: ["https://app.example.test"]') as running:
         running["root"] = root
-        running["clients"] = client
+        running["clients"] = entry
         yield running
 
 
@@ -353,11 +312,8 @@ def test_a_reload_that_requires_attestation_stops_what_uncertified_instances_sig
     app = App(switching, seen, client_id=client_id)
     pair = app.redeem(app.sign_in()["code"]).json()
     pair = app.refresh(pair["refresh_token"]).json()
-    text = switching["text"].replace("      unused_lifetime: 2h", f"""      unused_lifetime: 2h
-      attestation: required
-      apple:
-        app_id: {APP_ID}
-        root_ca_file: {switching["root"]}""")
+    required = client(REQUIRED, "instances:", "  unused_lifetime: 2h", *apple_required(switching["root"])[1:])
+    text = switching["text"].replace(switching["clients"], required)
     reload(switching, text, r"configuration reloaded")
     refused = app.refresh(pair["refresh_token"])
     assert refused.status_code == 400 and refused.json()["error"] == "unauthorized_client", refused.text
@@ -370,17 +326,9 @@ def test_a_reload_that_requires_attestation_stops_what_uncertified_instances_sig
 
 def test_a_reload_that_adds_a_play_attesting_client_is_applied(switching, workdir):
     decryption, verification = PlayKeys().write(workdir, "switch-play")
-    added = f"""
-  - client_id: com.example.guard.android
-    upstream: legacy
-    scopes: [read]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances:
-      attestation: required
-      play:
-        package_name: com.example.guard.android
-        decryption_key_file: {decryption}
-        verification_key_file: {verification}"""
+    added = client("com.example.guard.android", "instances:", "  attestation: required", "  play:",
+                   "    package_name: com.example.guard.android", f"    decryption_key_file: {decryption}",
+                   f"    verification_key_file: {verification}")
     # Its two key files are read for the first time: new, not "changed".
     lines = reload(switching, switching["text"].replace(switching["clients"], switching["clients"] + added),
                    r"configuration reload(ed| refused)")
@@ -392,13 +340,7 @@ def test_a_reload_that_adds_a_play_attesting_client_is_applied(switching, workdi
 
 
 def test_a_dpop_proof_used_once_is_refused_after_a_restart_on_sqlite(workdir, seen):
-    client = f"""
-  - client_id: com.example.guard.dpop
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    dpop: optional"""
-    with trusted_gatehouse(workdir, seen, "dpop-restart", client) as gatehouse:
+    with trusted_gatehouse(workdir, seen, "dpop-restart", client("com.example.guard.dpop", "dpop: optional")) as gatehouse:
         key = Key()
         token_url = gatehouse["url"] + "/oauth/token"
         app = App(gatehouse, seen, client_id="com.example.guard.dpop")
@@ -427,17 +369,7 @@ def test_a_dpop_proof_used_once_is_refused_after_a_restart_on_sqlite(workdir, se
 
 @pytest.fixture(scope="module")
 def defaults(workdir, seen):
-    clients = f"""
-  - client_id: {PENDING}
-    upstream: legacy
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]
-    instances: {{}}
-  - client_id: {JUNK}
-    upstream: legacy
-    token_exposure: passthrough
-    scopes: [read, write]
-    redirect_uris: ["{APP_REDIRECT}"]"""
+    clients = client(PENDING, "instances: {}") + client(JUNK, "token_exposure: passthrough")
     extra = 'observability:\n  metrics:\n    allow: ["127.0.0.1"]'
     with trusted_gatehouse(workdir, seen, "guard-defaults", clients, extra=extra, default_limits=True) as running:
         yield running
