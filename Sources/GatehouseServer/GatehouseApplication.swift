@@ -75,7 +75,7 @@ public enum GatehouseApplication {
             // From SIGTERM on, load balancers are told to stop sending; requests are still served.
             readiness.isDraining ? Response.problem(.shuttingDown(), for: request) : await holder.current.readiness(request)
         }
-        router.get("/.well-known/jwks.json") { request, _ in holder.current.jwks(request) }
+        router.get("/.well-known/jwks.json") { _, _ in holder.current.jwks() }
         router.get("/userinfo") { request, _ in await holder.current.userinfo(request) }
         router.get("/oauth/logout") { request, _ in await holder.current.logout(request) }
         router.get("/oauth/logout/callback") { request, _ in await holder.current.logoutCallback(request) }

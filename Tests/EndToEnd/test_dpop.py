@@ -338,7 +338,7 @@ def test_a_proof_spent_on_one_instance_is_refused_by_another(shared_store, seen)
 
 def test_a_saturated_memory_cache_falls_back_to_the_store(workdir, seen):
     """With more live proofs than `dpop.replay_cache_entries`, a proof the memory forgot is still
-    refused on SQLite: the store answers while the cache is saturated."""
+    refused on SQLite: the store, where every proof id is written, answers."""
     with trusted_gatehouse(workdir, seen, "dpop-small-cache", client(OPTIONAL, "optional"), ROUTES,
                            "dpop:\n  replay_cache_entries: 1000") as gatehouse:
         key = Key()

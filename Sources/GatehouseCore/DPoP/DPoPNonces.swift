@@ -33,20 +33,15 @@ public struct DPoPNonces: Sendable {
 }
 
 /// DPoP proof ids seen lately, in memory, bounded: an entry lasts until its proof could no
-/// longer be accepted anyway; when full, the oldest entry goes. An entry that goes before it
-/// expired is handed back to be written to the store (`firstUse`'s `spill`), and is still
-/// answered from memory until `spilled` says the store has it: every live proof id is always in
-/// memory or in the store. The store also answers for the other instances (`SingleUseStore`,
-/// kind `dpop_jti`).
+/// longer be accepted anyway; when full, the oldest entry goes. It only spares the store the
+/// replays it remembers: every proof id is also written to the store at its first use
+/// (`SingleUseStore`, kind `dpop_jti`), which answers for what memory forgot, after a restart and
+/// on every other instance.
 public final class DPoPReplayCache: Sendable {
     private struct State {
         var expiries: [String: Date] = [:]
         var order: [String] = []
         var head = 0
-        /// Forgotten before their expiry, on their way to the store.
-        var spilling: [String: Date] = [:]
-        /// Until when an entry forgotten before its expiry could still be replayed.
-        var saturatedUntil: Date = .distantPast
     }
 
     private let maximumEntries: Int
@@ -56,23 +51,16 @@ public final class DPoPReplayCache: Sendable {
         self.maximumEntries = max(1, maximumEntries)
     }
 
-    /// `true` the first time `key` is seen (it is then remembered until `until`), `false` for a
-    /// replay. `spill`: live entries forgotten to make room, which the caller writes to the store
-    /// and then reports with `spilled`.
-    public func firstUse(_ key: String, until: Date, now: Date) -> (fresh: Bool, spill: [(key: String, until: Date)]) {
+    /// `true` the first time `key` is seen (it is then remembered until `until`, or until it is
+    /// the oldest entry of a full cache), `false` for a replay.
+    public func firstUse(_ key: String, until: Date, now: Date) -> Bool {
         state.withLock { state in
-            if let expiry = state.expiries[key] ?? state.spilling[key], expiry > now { return (false, []) }
-            var spill: [(key: String, until: Date)] = []
+            if let expiry = state.expiries[key], expiry > now { return false }
             // Forget what expired or overflows, oldest first.
             while state.head < state.order.count {
                 let oldest = state.order[state.head]
                 let expiry = state.expiries[oldest] ?? .distantPast
                 guard state.expiries.count >= maximumEntries || expiry <= now else { break }
-                if expiry > now {
-                    state.saturatedUntil = max(state.saturatedUntil, expiry)
-                    state.spilling[oldest] = expiry
-                    spill.append((oldest, expiry))
-                }
                 state.expiries[oldest] = nil
                 state.head += 1
             }
@@ -81,20 +69,9 @@ public final class DPoPReplayCache: Sendable {
                 state.head = 0
             }
             if state.expiries.updateValue(until, forKey: key) == nil { state.order.append(key) }
-            return (true, spill)
-        }
-    }
-
-    /// The store has these entries now: memory may forget them.
-    public func spilled(_ keys: [String]) {
-        state.withLock { state in
-            for key in keys { state.spilling[key] = nil }
+            return true
         }
     }
 
     public var count: Int { state.withLock { $0.expiries.count } }
-
-    /// Whether an entry was forgotten before it expired (the cache is too small for the load), so
-    /// that a proof it held could be replayed now: then the store must be asked too.
-    public func isSaturated(now: Date) -> Bool { state.withLock { $0.saturatedUntil > now } }
 }

@@ -50,9 +50,6 @@ public struct InstanceRecord: Sendable, Equatable {
         self.redirectURIs = redirectURIs
     }
 
-    /// Whether it has completed a sign-in or a refresh since it registered.
-    public var hasBeenUsed: Bool { lastUsedAt > createdAt }
-
     /// `redirectURIs` as stored: a JSON array, or `nil`.
     public var redirectURIsJSON: String? {
         redirectURIs.flatMap { try? JSONEncoder().encode($0) }.map { String(decoding: $0, as: UTF8.self) }

@@ -37,9 +37,9 @@ extension Gatehouse {
             logger.info("authorize error sent to app", metadata: ["error": .string(error.code)])
             return .redirect(to: appRedirect(redirectURI, error: error, state: state))
         case .proceed(let authorization):
-            if let client = clients[authorization.clientID], let settings = client.instances, settings.attestation == .required,
-               !client.isInstance || (instance?.certification == nil && !settings.manualCertification) {
-                // Nothing could certify it on the way: spare the user a sign-in that gets no tokens.
+            // Unless an e-mailed code may certify the instance on the way, a sign-in that would get no
+            // tokens is refused now, sparing the user.
+            if let client = clients[authorization.clientID], !(client.isInstance && client.instances?.manualCertification == true) {
                 do throws(OAuthError) {
                     try requireCertification(of: client, instance: instance)
                 } catch {

@@ -12,7 +12,7 @@ extension Gatehouse {
     /// Discovery requires (`jwks_uri`, `subject_types_supported`, `id_token_signing_alg_values_supported`).
     func metadata(openID: Bool = false) -> Response {
         let scopes = Set(configuration.clients.values.flatMap(\.scopes)).sorted()
-        let document = AuthorizationServerMetadata(
+        var document = AuthorizationServerMetadata(
             issuer: issuer,
             authorization_endpoint: issuer + "/oauth/authorize",
             token_endpoint: issuer + "/oauth/token",
@@ -30,15 +30,14 @@ extension Gatehouse {
             id_token_signing_alg_values_supported: signer == nil && !openID ? nil : ["ES256"],
             registration_endpoint: configuration.clients.values.contains { $0.instances != nil } ? issuer + "/oauth/register" : nil,
             dpop_signing_alg_values_supported: configuration.clients.values.contains { $0.dpop != .off } ? Self.dpopAlgorithms : nil)
-        var published = document
         if openID {
-            published.subject_types_supported = ["public"]
-            published.claims_supported = ["iss", "sub", "aud", "exp", "iat", "nonce", "sid"]
+            document.subject_types_supported = ["public"]
+            document.claims_supported = ["iss", "sub", "aud", "exp", "iat", "nonce", "sid"]
         }
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "public, max-age=300"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(published))))
+        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(document))))
     }
 
     /// The DPoP proof algorithms Gatehouse verifies (RFC 9449 §5.1, and `algs` of its `WWW-Authenticate: DPoP`).
@@ -47,7 +46,7 @@ extension Gatehouse {
     /// `GET /.well-known/jwks.json` (RFC 7517): Gatehouse's ES256 key (assertions toward backends,
     /// ID tokens) and the RS256 keys of the access tokens it mints for `central` upstreams.
     /// With no key (no ID tokens, no minted tokens), an empty set: discovery names this URL always.
-    func jwks(_ request: Request) -> Response {
+    func jwks() -> Response {
         let keys = publishedKeys
         var response = Response.json(["keys": keys], status: .ok)
         response.headers[.cacheControl] = "public, max-age=300"

@@ -77,8 +77,9 @@ extension Gatehouse {
                 guard !SessionServices.isGatehouseToken(refreshToken) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
                 }
-                try await admitUnknownRefreshToken(refreshToken, client: client, address: address)
-                let tokens = try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream)
+                let tokens = try await passthrough.refresh(refreshToken, scope: scope, client: client, upstream: upstream) {
+                    () throws(OAuthError) in try admitUnknownRefreshToken(client: client, address: address)
+                }
                 // Passthrough tokens name nobody Gatehouse has verified: no subject.
                 audit.record(.refresh, clientID: client.clientID, subject: nil, metadata: ["upstream": .string(client.upstream)])
                 return tokens
@@ -86,18 +87,12 @@ extension Gatehouse {
         }
     }
 
-    /// A passthrough refresh token Gatehouse has no record of costs an upstream call that may come
-    /// to nothing (junk): refused outright under `unknown_refresh_tokens: refuse`, and otherwise
-    /// limited per client address (`rate_limits.unknown_refresh_per_address`), so that nobody
-    /// turns made-up tokens into upstream load, or into a 429 that backs off every user.
-    private func admitUnknownRefreshToken(_ token: String, client: AppClient, address: String?) async throws(OAuthError) {
-        let known: Bool
-        do {
-            known = try await passthrough.owner(of: token) != nil
-        } catch {
-            throw .serverError("Gatehouse cannot reach its store right now")
-        }
-        guard !known else { return }
+    /// A passthrough refresh token Gatehouse has no record of (the refresher reads the record)
+    /// costs an upstream call that may come to nothing (junk): refused outright under
+    /// `unknown_refresh_tokens: refuse`, and otherwise limited per client address
+    /// (`rate_limits.unknown_refresh_per_address`), so that nobody turns made-up tokens into
+    /// upstream load, or into a 429 that backs off every user.
+    private func admitUnknownRefreshToken(client: AppClient, address: String?) throws(OAuthError) {
         if client.unknownRefreshTokens == .refuse {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")
         }

@@ -44,10 +44,7 @@ extension Gatehouse {
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
         let key = proof.thumbprint + ":" + proof.jti
         let now = self.now()
-        let (fresh, spill) = dpopReplays.firstUse(key, until: until, now: now)
-        // What memory forgets is in the store already: each entry was written there at its first use.
-        dpopReplays.spilled(spill.map(\.key))
-        guard fresh else { return .replayed }
+        guard dpopReplays.firstUse(key, until: until, now: now) else { return .replayed }
         do {
             let stored = try await store.insertOnce(kind: "dpop_jti", keyHash: SecureToken.hash(key), value: Data(),
                                                     expiresAt: max(until, now.addingTimeInterval(1)), now: now)

@@ -56,13 +56,17 @@ final class PassthroughRefresher: Sendable {
         try await store.passthroughToken(hash: SecureToken.hash(token))?.clientID
     }
 
-    func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile) async throws(OAuthError) -> Data {
+    /// `admitUnknown` decides, before any upstream call, whether a token Gatehouse has no record
+    /// of may be sent on (it throws when not): the record read here says which tokens those are.
+    func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile,
+                 admitUnknown: @escaping @Sendable () throws(OAuthError) -> Void = {}) async throws(OAuthError) -> Data {
         let key = SecureToken.hash(token) + " " + client.clientID + " " + (scope ?? "")
         let (result, joined) = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
             var counted = GatehouseMetrics.RefreshOutcome.failed
             defer { GatehouseMetrics.refresh(counted) }
             do throws(OAuthError) {
-                return .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream, counted: &counted))
+                return .success(try await self.coordinate(token, scope: scope, client: client, upstream: upstream,
+                                                          admitUnknown: admitUnknown, counted: &counted))
             } catch {
                 return .failure(error)
             }
@@ -75,13 +79,19 @@ final class PassthroughRefresher: Sendable {
     /// `performed` (this call got the upstream's answer), `coalesced` (another's answer, within
     /// the grace window), `reuse_detected` (a rotated-out token after it) or `failed`.
     private func coordinate(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile,
+                            admitUnknown: @Sendable () throws(OAuthError) -> Void,
                             counted: inout GatehouseMetrics.RefreshOutcome) async throws(OAuthError) -> Data {
         let hash = SecureToken.hash(token)
         let deadline = now().addingTimeInterval(Self.waitLimit)
         var sawAnotherRefresh = false
+        var admittedUnknown = false
         while now() < deadline {
             let record: PassthroughTokenRecord?
             do { record = try await store.passthroughToken(hash: hash) } catch { throw .serverError("Gatehouse cannot reach its store right now") }
+            if record == nil, !admittedUnknown {
+                try admitUnknown()
+                admittedUnknown = true
+            }
             switch PassthroughRefresh.decide(record, clientID: client.clientID, now: now(), grace: grace) {
             case .otherClient:
                 logger.notice("a passthrough refresh token was presented by another app", metadata: ["client_id": .string(client.clientID)])
