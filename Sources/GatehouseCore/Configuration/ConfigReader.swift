@@ -4,6 +4,10 @@
 /// so a misspelt key is an error rather than a setting silently ignored.
 public final class ConfigReader {
     public private(set) var problems: [ConfigProblem] = []
+    /// Every key a mapping asked for, as a path with list positions written `[]`
+    /// (`upstreams[].identity.url`): the settings the decoder accepts where it looked. The
+    /// configuration reference is checked against it.
+    public private(set) var keysAsked: Set<String> = []
 
     public init() {}
 
@@ -11,7 +15,15 @@ public final class ConfigReader {
         problems.append(ConfigProblem(path: path, line: node?.line ?? 0, message: message))
     }
 
+    func asked(_ path: String) {
+        keysAsked.insert(path.replacing(/\[[0-9]+\]/, with: "[]"))
+    }
+
     public func mapping(_ node: ConfigNode, at path: String) -> MappingReader? {
+        mapping(node, at: path, namesAreSettings: true)
+    }
+
+    func mapping(_ node: ConfigNode, at path: String, namesAreSettings: Bool) -> MappingReader? {
         guard case .mapping(let entries, _) = node else {
             report(path, node, "must be a mapping, found \(node.kindName)")
             return nil
@@ -20,7 +32,7 @@ public final class ConfigReader {
         for entry in entries where !seen.insert(entry.key).inserted {
             report(path + "." + entry.key, entry.value, "is given more than once")
         }
-        return MappingReader(reader: self, path: path, node: node, entries: entries)
+        return MappingReader(reader: self, path: path, node: node, entries: entries, namesAreSettings: namesAreSettings)
     }
 
     public func list(_ node: ConfigNode, at path: String) -> [(node: ConfigNode, path: String)]? {
@@ -47,12 +59,16 @@ public final class MappingReader {
     public let node: ConfigNode
     private let entries: [(key: String, value: ConfigNode)]
     private var used: Set<String> = []
+    /// False for a map whose names the user chooses (attribute names, header names): its keys
+    /// are data, not settings, and are not recorded in `ConfigReader.keysAsked`.
+    private let namesAreSettings: Bool
 
-    init(reader: ConfigReader, path: String, node: ConfigNode, entries: [(key: String, value: ConfigNode)]) {
+    init(reader: ConfigReader, path: String, node: ConfigNode, entries: [(key: String, value: ConfigNode)], namesAreSettings: Bool) {
         self.reader = reader
         self.path = path
         self.node = node
         self.entries = entries
+        self.namesAreSettings = namesAreSettings
     }
 
     public func childPath(_ key: String) -> String { path.isEmpty ? key : path + "." + key }
@@ -60,6 +76,7 @@ public final class MappingReader {
     /// The node under `key`; reports it missing when `required`.
     public func value(_ key: String, required: Bool = false) -> ConfigNode? {
         used.insert(key)
+        if namesAreSettings { reader.asked(childPath(key)) }
         guard let found = entries.first(where: { $0.key == key })?.value else {
             if required { reader.report(childPath(key), node, "is required") }
             return nil
@@ -69,6 +86,13 @@ public final class MappingReader {
             return nil
         }
         return found
+    }
+
+    /// The node under a key that is known only to be refused (an inline secret, say): it is
+    /// reported by the caller, never "not a known setting", and it is no setting of the reference.
+    public func refused(_ key: String) -> ConfigNode? {
+        used.insert(key)
+        return entries.first(where: { $0.key == key })?.value
     }
 
     public func string(_ key: String, required: Bool = false) -> String? {
@@ -114,6 +138,11 @@ public final class MappingReader {
 
     public func mapping(_ key: String, required: Bool = false) -> MappingReader? {
         value(key, required: required).flatMap { reader.mapping($0, at: childPath(key)) }
+    }
+
+    /// A map whose names the user chooses (`attributes`, `identity_headers`): name → value.
+    public func namedMapping(_ key: String) -> MappingReader? {
+        value(key).flatMap { reader.mapping($0, at: childPath(key), namesAreSettings: false) }
     }
 
     public func list(_ key: String, required: Bool = false) -> [(node: ConfigNode, path: String)]? {

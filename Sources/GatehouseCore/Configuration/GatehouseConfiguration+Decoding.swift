@@ -27,6 +27,14 @@ extension GatehouseConfiguration {
         return decoded
     }
 
+    /// The keys the decoder asked for while reading `root`, whether or not it is valid: what
+    /// it accepts in every mapping the document reaches (see `ConfigReader.keysAsked`).
+    public static func keysAsked(decoding root: ConfigNode, secrets: SecretLookup, kinds: [String: UpstreamKindDecoder]) -> Set<String> {
+        let reader = ConfigReader()
+        _ = decode(root, reader: reader, secrets: secrets, kinds: kinds)
+        return reader.keysAsked
+    }
+
     private static func decode(_ root: ConfigNode, reader: ConfigReader, secrets: SecretLookup,
                                kinds: [String: UpstreamKindDecoder]) -> GatehouseConfiguration? {
         guard let top = reader.mapping(root, at: "") else { return nil }
@@ -184,8 +192,8 @@ extension GatehouseConfiguration {
 
     /// `password_env` or `password_file` (never `password` inline): the store's or the mail relay's.
     static func decodePassword(_ map: MappingReader, secrets: SecretLookup) -> Secret? {
-        if map.value("password") != nil {
-            map.reader.report(map.childPath("password"), map.value("password"),
+        if map.refused("password") != nil {
+            map.reader.report(map.childPath("password"), map.refused("password"),
                               "secrets are never written in the configuration: use password_env or password_file")
         }
         if let name = map.string("password_env") {
@@ -209,8 +217,8 @@ extension GatehouseConfiguration {
         let clientID = map.string("client_id", required: true)
         let secret: Secret?
         if kind?.usesClientSecret == false {
-            for key in ["client_secret", "client_secret_env", "client_secret_file"] where map.value(key) != nil {
-                map.reader.report(map.childPath(key), map.value(key), "a \(kindName) upstream has no client secret")
+            for key in ["client_secret", "client_secret_env", "client_secret_file"] where map.refused(key) != nil {
+                map.reader.report(map.childPath(key), map.refused(key), "a \(kindName) upstream has no client secret")
             }
             secret = Secret("")
         } else {
@@ -318,8 +326,8 @@ extension GatehouseConfiguration {
     }
 
     private static func decodeSecret(in map: MappingReader, secrets: SecretLookup) -> Secret? {
-        if map.value("client_secret") != nil {
-            map.reader.report(map.childPath("client_secret"), map.value("client_secret"),
+        if map.refused("client_secret") != nil {
+            map.reader.report(map.childPath("client_secret"), map.refused("client_secret"),
                               "secrets are never written in the configuration: use client_secret_env or client_secret_file")
         }
         let env = map.string("client_secret_env")

@@ -1,6 +1,6 @@
 import Foundation
 
-/// The settings of trusted app instances (issue 13): `clients[].instances`, `mail`, `webviews`, `dpop`.
+/// The settings of trusted app instances: `clients[].instances`, `mail`, `webviews`, `dpop`.
 extension GatehouseConfiguration {
     static func decodeInstances(_ map: MappingReader, secrets: SecretLookup) -> InstanceSettings? {
         var settings = InstanceSettings()

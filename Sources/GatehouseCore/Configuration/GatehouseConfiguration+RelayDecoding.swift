@@ -29,7 +29,7 @@ extension GatehouseConfiguration {
         settings.subjectPath = path("subject")
         settings.bpidPath = path("bpid")
         settings.scopesPath = path("scopes")
-        if let attributes = map.mapping("attributes") {
+        if let attributes = map.namedMapping("attributes") {
             for key in attributeKeys(attributes) {
                 if builtInSources.contains(key) {
                     attributes.reader.report(attributes.childPath(key), attributes.node, "'\(key)' is built in; choose another name")
@@ -101,7 +101,7 @@ extension GatehouseConfiguration {
         var rule = RouteRule()
         if let require = map.mapping("require") {
             rule.scopes = Set(require.stringList("scopes") ?? [])
-            if let attributes = require.mapping("attributes") {
+            if let attributes = require.namedMapping("attributes") {
                 for key in attributeKeys(attributes) {
                     if let value = attributes.string(key, required: true) { rule.attributes[key] = value }
                 }
@@ -114,7 +114,7 @@ extension GatehouseConfiguration {
                               "the upstream's identity (\(identity.kind.rawValue)) reports no scopes; configure identity.scopes or drop the requirement")
         }
         var headers: [(name: String, source: String)] = []
-        if let headerMap = map.mapping("identity_headers") {
+        if let headerMap = map.namedMapping("identity_headers") {
             for name in attributeKeys(headerMap) {
                 guard let source = headerMap.string(name, required: true) else { continue }
                 let lower = name.lowercased()

@@ -79,6 +79,17 @@ public enum YAMLConfigurationLoader {
         return (configuration, ConfigurationSource(document: root, fileDigests: digests.withLock { $0 }))
     }
 
+    /// The keys the decoder asks for in a configuration text, valid or not (files are read
+    /// against `baseDirectory` as in `load`); nil when the text is not YAML. The configuration
+    /// reference is checked against the union over documents that reach every mapping.
+    public static func keysAsked(yaml text: String, baseDirectory: URL, environment: [String: String]) -> Set<String>? {
+        guard let node = try? Yams.compose(yaml: text) else { return nil }
+        let secrets = GatehouseConfiguration.SecretLookup(
+            environment: { environment[$0] },
+            readFile: { try String(contentsOf: resolve($0, against: baseDirectory), encoding: .utf8) })
+        return GatehouseConfiguration.keysAsked(decoding: convert(node), secrets: secrets, kinds: UpstreamRegistry.decoders)
+    }
+
     private static func resolve(_ path: String, against folder: URL) -> URL {
         path.hasPrefix("/") ? URL(fileURLWithPath: path) : folder.appendingPathComponent(path)
     }

@@ -3,7 +3,7 @@ public import GatehouseCore
 import PostgresNIO
 
 extension PostgresStore {
-    /// Issue 13: registered app instances, single-use values, paused certifications, and the
+    /// Trusted app instances: registered app instances, single-use values, paused certifications, and the
     /// DPoP key a session is bound to.
     static let instanceSchema = [
         "ALTER TABLE sessions ADD COLUMN dpop_jkt TEXT",

@@ -4,7 +4,7 @@ import NIOCore
 import SQLiteNIO
 
 extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, CertificationStore {
-    /// Issue 13: registered app instances, single-use values, paused certifications, and the
+    /// Trusted app instances: registered app instances, single-use values, paused certifications, and the
     /// DPoP key a session is bound to.
     static let instanceSchema = [
         "ALTER TABLE sessions ADD COLUMN dpop_jkt TEXT",
