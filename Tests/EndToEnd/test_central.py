@@ -1,6 +1,6 @@
 """The `central` upstream kind end to end (issue 10): the gatehouse binary as the backend of
 broccoliapps-style apps, in front of a central-provider double built from the published contract
-(Tests/Doubles/central.py: it checks every server-to-server request the way the published verifier
+(sandbox/central.py: it checks every server-to-server request the way the published verifier
 does, Node-compatible public-key decryption of the signature, the 15 s request age, the body hash;
 single-use one-minute codes; five emails an hour per address).
 
@@ -41,9 +41,9 @@ import requests
 from cryptography.hazmat.primitives import serialization
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "Tests/Doubles"))
+sys.path.insert(0, str(ROOT))  # the sandbox package
 
-import central as centrald  # noqa: E402
+from sandbox import central as centrald  # noqa: E402
 from conftest import SilentServer  # noqa: E402  (an upstream that never answers)
 from backends import EchoBackend  # noqa: E402
 from gatelog import served_by  # noqa: E402
@@ -1272,7 +1272,7 @@ def test_no_central_secret_in_gatehouses_logs_or_stores(central, workdir, seen):
 def test_the_central_double_behaves_as_the_published_verifier():
     """The double's own self-check (no Gatehouse): requests signed by Node's crypto and the committed
     vectors accepted, every tampered one refused, and make-vectors.mjs reproducing the fixtures."""
-    answer = subprocess.run([sys.executable, str(ROOT / "Tests/Doubles/check_central.py")],
+    answer = subprocess.run([sys.executable, str(ROOT / "sandbox/check_central.py")],
                             capture_output=True, text=True, timeout=300)
     assert answer.returncode == 0, answer.stdout[-2000:] + answer.stderr[-4000:]
     assert re.search(r"^\d+ checks passed, 0 failed$", answer.stdout, re.M), answer.stdout

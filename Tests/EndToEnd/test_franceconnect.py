@@ -1,5 +1,5 @@
 """FranceConnect end to end: the gatehouse binary in front of FranceConnect doubles built from
-FranceConnect's published documentation (Tests/Doubles/franceconnect.py), v2 and v1.
+FranceConnect's published documentation (sandbox/franceconnect.py), v2 and v1.
 
 One Gatehouse of this module's own (SQLite) has four `franceconnect` upstreams, each its own
 double: `fc` (v2, ES256, the integration platform with its issuer overridden), `fc-rs` (v2,
@@ -33,9 +33,9 @@ import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "Tests/Doubles"))
+sys.path.insert(0, str(ROOT))  # the sandbox package
 
-import franceconnect as fcd  # noqa: E402
+from sandbox import franceconnect as fcd  # noqa: E402
 from backends import EchoBackend  # noqa: E402
 from nativeapp import App, free_port, query  # noqa: E402
 from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
@@ -204,7 +204,7 @@ def failed_sign_in(fc, seen, client_id, double, expected, **fault):
 
 def test_the_franceconnect_double_behaves_as_documented():
     """The double's own self-check (no Gatehouse): every checked request and every fault knob."""
-    answer = subprocess.run([sys.executable, str(ROOT / "Tests/Doubles/check_franceconnect.py")],
+    answer = subprocess.run([sys.executable, str(ROOT / "sandbox/check_franceconnect.py")],
                             capture_output=True, text=True, timeout=300)
     assert answer.returncode == 0, answer.stdout[-2000:] + answer.stderr[-4000:]
     assert re.search(r"^\d+ checks passed, 0 failed$", answer.stdout, re.M), answer.stdout

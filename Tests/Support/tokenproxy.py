@@ -33,11 +33,12 @@ from urllib.parse import parse_qs
 
 import requests
 
-from gatelog import LogFollower
-from nativeapp import wait_for_line
-from secretsrecord import stop
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the sandbox package
+
+from gatelog import LogFollower  # noqa: E402
+from nativeapp import wait_for_line  # noqa: E402
+from sandbox.secretsrecord import stop  # noqa: E402
 
 
 class CountingTokenProxy:

@@ -86,8 +86,8 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import django
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "Support"))
-from secretsrecord import SecretsRecord  # noqa: E402  (shared with Tests/Doubles/franceconnect.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the sandbox package
+from sandbox.secretsrecord import SecretsRecord  # noqa: E402  (shared with sandbox/franceconnect.py)
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.conf import settings

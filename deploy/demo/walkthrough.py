@@ -4,52 +4,27 @@ app simulated step by step. Run through scripts/demo; --no-wait ends after the w
 
 Step numbers are those of the myVOO mobile login flow (shared/seeds/001)."""
 
-import argparse
-import http.server
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from urllib.parse import urlencode
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "Tests/Support"))
-from backends import EchoBackend, PersonalInformationService  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, detail, free_port, run, serve_loopback_app,  # noqa: E402
+                    short, start_gatehouse as start_configured_gatehouse, step, stop_process, wait_for_line)
+from backends import PersonalInformationService  # noqa: E402
 from gatelog import fields  # noqa: E402
-from nativeapp import (APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, SecretsFile, free_port, pkce_pair,  # noqa: E402
-                       pump, query, wait_for_line)
+from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, pkce_pair, query  # noqa: E402
 
 #: A second user of the upstream, whose business partner (BPId) is not active: signed in, but
 #: not allowed to read data (myVOO step 6b, 403).
 INACTIVE_USER, INACTIVE_PASSWORD = "bob", "builder-42"
 BPIDS = {USERNAME: ("1000123", "active"), INACTIVE_USER: ("1000456", "inactive")}
-
-#: When the end-to-end suite runs the demo it names a file in GATEHOUSE_SECRETS_RECORD: the
-#: codes, verifiers and tokens the demo's app sees are recorded there, so the suite can check
-#: that none of them reached a log or a database (the upstream records its side itself).
-RECORD = SecretsFile(os.environ["GATEHOUSE_SECRETS_RECORD"]) if os.environ.get("GATEHOUSE_SECRETS_RECORD") else None
-
-BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
-
-
-def step(number, text):
-    print(f"\n{BOLD}[{number}] {text}{RESET}", flush=True)
-
-
-def detail(text):
-    print(f"    {text}", flush=True)
-
-
-def short(token):
-    return token[:8] + "…" if token else "(none)"
-
 
 def start_upstream(data, gatehouse_port, env):
     callback = f"http://127.0.0.1:{gatehouse_port}/oauth/callback"
@@ -129,17 +104,7 @@ clients:
     token_exposure: sealed
     redirect_uris: ["{APP_REDIRECT}"]
 """
-    (data / "gatehouse.yaml").write_text(config)
-    binary = os.environ.get("GATEHOUSE_BIN", str(ROOT / ".build/debug/gatehouse"))
-    if not (data / "session-keys").exists():
-        subprocess.run([binary, "keys", "generate", "--file", str(data / "session-keys")], check=True, capture_output=True)
-    log = open(data / "gatehouse.log", "w")
-    process = subprocess.Popen([binary, "serve", "--config", str(data / "gatehouse.yaml")],
-                               stdout=log, stderr=subprocess.PIPE, text=True, env=env)
-    log.write(wait_for_line(process.stderr, "gatehouse is ready", 30, "Gatehouse"))
-    log.flush()
-    pump(process.stderr, log)
-    return process
+    return start_configured_gatehouse(data, config, env)
 
 
 def get_data(gatehouse, token=None):
@@ -273,79 +238,29 @@ def sealed_walkthrough(gatehouse):
     return same and after.status_code == 400
 
 
-def serve_loopback_app(gatehouse):
-    """A tiny "native app" on a loopback redirect (RFC 8252 §7.3) for a person with a browser."""
-    port = free_port()
-    verifier, challenge = pkce_pair()
-    state = secrets.token_urlsafe(16)
-    redirect = f"http://127.0.0.1:{port}/callback"
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            received = query(self.path)
-            if received.get("state") != state:
-                body = f"<p>Unexpected state or error: {received}</p>"
-            elif "code" in received:
-                tokens = requests.post(f"{gatehouse['url']}/oauth/token", timeout=30, data={
-                    "grant_type": "authorization_code", "client_id": "com.example.app", "code": received["code"],
-                    "redirect_uri": redirect, "code_verifier": verifier}).json()
-                shown = {k: (short(v) if k.endswith("_token") else v) for k, v in tokens.items()}
-                body = f"<h1>Signed in</h1><p>The app redeemed its code at Gatehouse and received:</p><pre>{json.dumps(shown, indent=2)}</pre>"
-            else:
-                body = f"<h1>Sign-in failed</h1><pre>{json.dumps(received, indent=2)}</pre>"
-            page = f"<!doctype html><meta charset=utf-8><title>Demo app</title>{body}".encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"{gatehouse['url']}/oauth/authorize?" + urlencode({
-        "response_type": "code", "client_id": "com.example.app", "redirect_uri": redirect, "state": state,
-        "code_challenge": challenge, "code_challenge_method": "S256", "scope": "read"})
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-wait", action="store_true", help="stop after the automatic walkthrough")
-    parser.add_argument("--data", default=str(ROOT / "demo-data"), help="folder for the demo's files")
-    arguments = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run the clean-up below on SIGTERM too
-    data = Path(arguments.data)
-    data.mkdir(parents=True, exist_ok=True)
+def demo(data, stack):
     env = dict(os.environ, DEMO_UPSTREAM_SECRET=secrets.token_urlsafe(32))
     port = free_port()
     upstream, upstream_url = start_upstream(data, port, env)
+    stack.callback(stop_process, upstream)
     backend, personal = start_relay_doubles(upstream_url, env)
-    gatehouse = None
-    try:
-        gatehouse = start_gatehouse(data, port, upstream_url, env, backend, personal)
-        print(f"{BOLD}Gatehouse{RESET} http://127.0.0.1:{port} in front of {BOLD}django-oauth-toolkit{RESET} {upstream_url}")
-        print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, upstream.log{RESET}")
-        ok = walkthrough({"url": f"http://127.0.0.1:{port}", "log": data / "gatehouse.log", "personal": personal})
-        print(f"\n{BOLD}Walkthrough {'complete' if ok else 'FAILED'}.{RESET}")
-        if not ok:
-            return 1
-        if not arguments.no_wait:
-            url = serve_loopback_app({"url": f"http://127.0.0.1:{port}"})
-            print(f"\nNow try it in a browser. Open:\n\n    {url}\n\nSign in as {USERNAME} / {PASSWORD}. "
-                  f"The demo app on its loopback redirect shows the tokens it received. Ctrl-C stops everything.")
-            threading.Event().wait()
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for process in (gatehouse, upstream):
-            if process:
-                process.terminate()
-                process.wait(10)
-        for server in (backend, personal):
-            server.stop()
+    stack.callback(personal.stop)
+    stack.callback(backend.stop)
+    gatehouse = start_gatehouse(data, port, upstream_url, env, backend, personal)
+    stack.callback(stop_process, gatehouse)
+    print(f"{BOLD}Gatehouse{RESET} http://127.0.0.1:{port} in front of {BOLD}django-oauth-toolkit{RESET} {upstream_url}")
+    print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, upstream.log{RESET}")
+    ok = walkthrough({"url": f"http://127.0.0.1:{port}", "log": data / "gatehouse.log", "personal": personal})
+
+    def try_it():
+        url = serve_loopback_app(f"http://127.0.0.1:{port}")
+        print(f"\nNow try it in a browser. Open:\n\n    {url}\n\nSign in as {USERNAME} / {PASSWORD}. "
+              f"The demo app on its loopback redirect shows the tokens it received. Ctrl-C stops everything.")
+    return ok, try_it
+
+
+def main():
+    return run(__doc__, ROOT / "demo-data", demo)
 
 
 if __name__ == "__main__":

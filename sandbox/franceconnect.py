@@ -1,4 +1,4 @@
-"""A FranceConnect (Particulier) double, v2 and v1, for Gatehouse's end-to-end tests.
+"""A FranceConnect (Particulier) look-alike ("double"), v2 and v1, for Gatehouse's end-to-end tests and demos.
 
 Built from FranceConnect's published partner documentation (docs.partenaires.franceconnect.gouv.fr:
 "Endpoints", "Scopes et claims", "Gestion des erreurs", "Déconnexion", "Évolutions v1 → v2") and
@@ -6,7 +6,7 @@ FranceConnect's own public code (france-connect/sources: core-fcp-low configurat
 france-connect/service-provider-example: the v1 flow), not from Gatehouse's code. Where the two
 disagree the documentation wins; the choices are listed at the end of this docstring.
 
-    .venv/bin/python Tests/Doubles/franceconnect.py --config cfg.json [--port 0] [--host 127.0.0.1] [--quiet]
+    .venv/bin/python sandbox/franceconnect.py --config cfg.json [--port 0] [--host 127.0.0.1] [--quiet]
 
 Once listening it prints exactly one line to stdout and nothing after it:
 
@@ -114,9 +114,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 from cryptography.exceptions import InvalidSignature
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Support"))
-from secretsrecord import SecretsRecord, stop  # noqa: E402  (Tests/Support, shared with Tests/Upstream/serve.py)
-from doubleprocess import run_double  # noqa: E402
+try:  # imported from the sandbox package (tests, demos)
+    from .secretsrecord import SecretsRecord, stop  # shared with Tests/Upstream/serve.py
+    from .doubleprocess import run_double
+except ImportError:  # run as a script: python sandbox/franceconnect.py
+    from secretsrecord import SecretsRecord, stop
+    from doubleprocess import run_double
 
 #: The identity pivot scopes and the optional ones (docs: "Scopes et claims").
 PIVOT_SCOPES = ["openid", "given_name", "family_name", "birthdate", "gender", "birthplace", "birthcountry"]

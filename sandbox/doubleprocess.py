@@ -1,4 +1,4 @@
-"""Runs a test double (Tests/Doubles/*.py) as a process: its config written as JSON, its log in the
+"""Runs a sandbox provider (sandbox/franceconnect.py, sandbox/central.py) as a process: its config written as JSON, its log in the
 session workdir, its ready line (a JSON object on stdout) read before anything talks to it, and the
 process stopped afterwards. Shared by the FranceConnect and central-provider doubles."""
 
@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from secretsrecord import stop
+try:  # imported from the sandbox package
+    from .secretsrecord import stop
+except ImportError:  # imported by a sandbox provider run as a script
+    from secretsrecord import stop
 
 
 @contextlib.contextmanager

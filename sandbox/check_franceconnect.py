@@ -1,7 +1,7 @@
 """Self-check of the FranceConnect double, with no Gatehouse: run with the venv's python; exits
 non-zero on the first failure.
 
-    .venv/bin/python Tests/Doubles/check_franceconnect.py
+    .venv/bin/python sandbox/check_franceconnect.py
 
 v2 (ES256, then RS256) and v1: discovery and JWKS, the authorization request's checks (each
 malformed request gets the 400 HTML page, never a redirect), the login page ("Continuer",

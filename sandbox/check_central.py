@@ -1,6 +1,6 @@
 """Self-check of the central-provider double, with no Gatehouse: exits non-zero on the first failure.
 
-    python3 Tests/Doubles/check_central.py        (or .venv/bin/python …)
+    python3 sandbox/check_central.py        (or .venv/bin/python …)
 
 - The committed vectors (Tests/Fixtures/central/s2s-vectors.json) reproduce: make-vectors.mjs, run
   again in a scratch copy, writes a byte-identical file (PKCS#1 v1.5 type 1 is deterministic); the

@@ -1,4 +1,4 @@
-"""A "central" sign-in provider double (broccoliapps style) for Gatehouse's end-to-end tests.
+"""A "central" sign-in provider look-alike ("double", broccoliapps style) for Gatehouse's end-to-end tests and demos.
 
 Built from the published broccoliapps code (github.com/mehmetatas/broccoliapps), not from
 Gatehouse's: the S2S verifier framework/backend/src/http/s2s.ts and api-router.ts, the signer
@@ -8,8 +8,8 @@ broccoliapps.com/src/ui/server/pages/{auth.tsx,auth-callback.ts,email-callback.t
 framework/shared/src/central-auth.dto.ts. Where the double goes further than the published code
 it says so below ("double:").
 
-    .venv/bin/python Tests/Doubles/central.py --config cfg.json [--port 0] [--host 127.0.0.1]
-                                              [--record secrets.jsonl] [--quiet]
+    .venv/bin/python sandbox/central.py --config cfg.json [--port 0] [--host 127.0.0.1]
+                                         [--record secrets.jsonl] [--quiet]
 
 Once listening it prints exactly one line to stdout and nothing after it:
 
@@ -126,12 +126,15 @@ from urllib.parse import parse_qs, urlsplit
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "Support"))
-from secretsrecord import SecretsRecord, stop  # noqa: E402  (Tests/Support, shared with franceconnect.py)
-from doubleprocess import run_double  # noqa: E402
+try:  # imported from the sandbox package (tests, demos)
+    from .secretsrecord import SecretsRecord, stop  # shared with franceconnect.py
+    from .doubleprocess import run_double
+except ImportError:  # run as a script: python sandbox/central.py
+    from secretsrecord import SecretsRecord, stop
+    from doubleprocess import run_double
 
-FIXTURES = HERE.parent / "Fixtures" / "central"
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent / "Tests" / "Fixtures" / "central"  # test keys, shared with the Swift tests
 
 MAX_TIMESTAMP_AGE_MS = 15_000          # s2s.ts: Duration.seconds(15)
 CODE_LIFETIME_MS = 60_000              # auth-callback.ts / email-callback.ts: Duration.minutes(1)
