@@ -411,7 +411,7 @@ def note(args):
 
 # ---- the report ---------------------------------------------------------------------------------
 
-# The targets of issue 12, in the order the harness measures them.
+# The performance goals (docs/performance.md), in the order the harness measures them.
 TARGETS = {
     "passthrough": {"label": "passthrough GET", "ratio": 0.80, "p99_ms": 1.0,
                     "what": "`GET /api/data`, passthrough token, warm identity cache, SQLite store",
@@ -428,7 +428,7 @@ TARGETS = {
     "sealed-pg": {"label": "sealed, PostgreSQL", "ratio": 0.75,
                   "what": "`GET /api/data`, sealed `gha_` token, `store: postgres`",
                   "reference": "nginx proxy → nginx backend (http)"},
-    # Issue 13: no goal, reported next to the bearer token of the same store (sealed, SQLite).
+    # Trusted app instances (DPoP): no goal, reported next to the bearer token of the same store (sealed, SQLite).
     "dpop": {"label": "DPoP-bound, SQLite", "ratio": None,
              "what": "`GET /api/data`, `ghd_` token bound to an ES256 key, a fresh proof per request, `store: sqlite`",
              "reference": "nginx proxy → nginx backend (http)"},
