@@ -77,7 +77,7 @@ public final class MappingReader {
     public func value(_ key: String, required: Bool = false) -> ConfigNode? {
         used.insert(key)
         if namesAreSettings { reader.asked(childPath(key)) }
-        guard let found = entries.first(where: { $0.key == key })?.value else {
+        guard let found = entry(key) else {
             if required { reader.report(childPath(key), node, "is required") }
             return nil
         }
@@ -92,7 +92,11 @@ public final class MappingReader {
     /// reported by the caller, never "not a known setting", and it is no setting of the reference.
     public func refused(_ key: String) -> ConfigNode? {
         used.insert(key)
-        return entries.first(where: { $0.key == key })?.value
+        return entry(key)
+    }
+
+    private func entry(_ key: String) -> ConfigNode? {
+        entries.first(where: { $0.key == key })?.value
     }
 
     public func string(_ key: String, required: Bool = false) -> String? {
