@@ -100,6 +100,13 @@ def run_demo(script, data, seen):
     return result.stdout, kinds
 
 
+def banner(out, sandbox):
+    """Gatehouse's port and the sandbox provider's URL, from the demo's first line."""
+    match = re.search(rf"Gatehouse\S* http://127\.0\.0\.1:(\d+) in front of the \S*{sandbox}\S* sandbox (http://127\.0\.0\.1:\d+)", out)
+    assert match, out[:500]
+    return match.groups()
+
+
 def assert_no_secret_in(data, seen, logs):
     """The demo's logs and database hold none of the run's secrets (test_zz searches them again)."""
     seen.add_key_ring(data / "session-keys")
@@ -114,9 +121,8 @@ def test_franceconnect_demo_walks_sign_in_tokens_userinfo_relay_and_logout(workd
     data = workdir / "demo-franceconnect"
     out, kinds = run_demo("franceconnect.py", data, seen)
     assert {"Gatehouse code", "app PKCE verifier", "Gatehouse access token", "Gatehouse refresh token"} <= kinds, kinds
-    match = re.search(r"Gatehouse\S* http://127\.0\.0\.1:(\d+) in front of the \S*FranceConnect v2\S* sandbox (http://127\.0\.0\.1:\d+)/api/v2", out)
-    assert match, out[:500]
-    port, provider = match.groups()
+    port, provider = banner(out, "FranceConnect v2")
+    assert f"sandbox {provider}/api/v2" in out
     config = (data / "gatehouse.yaml").read_text()
     assert "kind: franceconnect" in config and "client_secret_env: DEMO_FRANCECONNECT_SECRET" in config
     assert "client_secret:" not in config
@@ -171,9 +177,7 @@ def test_central_demo_walks_sign_in_tokens_jwt_relay_and_logout(workdir, seen):
     data = workdir / "demo-central"
     out, kinds = run_demo("central.py", data, seen)
     assert {"Gatehouse code", "app PKCE verifier", "central auth code", "central sign-in cookie (Gatehouse state)"} <= kinds, kinds
-    match = re.search(r"Gatehouse\S* http://127\.0\.0\.1:(\d+) in front of the \S*central sign-in provider\S* sandbox (http://127\.0\.0\.1:\d+)", out)
-    assert match, out[:500]
-    port, provider = match.groups()
+    port, provider = banner(out, "central sign-in provider")
     config = (data / "gatehouse.yaml").read_text()
     assert "kind: central" in config and f"s2s_private_key_file: {data / 'central-app-s2s.pem'}" in config
     assert "PRIVATE KEY" not in config

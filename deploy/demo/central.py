@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, detail, free_port, query, relayed_headers, run,  # noqa: E402
-                    serve_loopback_app, short, start_gatehouse, step, stop_process)
+from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
+                    query, relayed_call, run, serve_loopback_app, short, start_gatehouse, step, stop_process)
 from nativeapp import App  # noqa: E402
 from sandbox import central as centrald  # noqa: E402
 
@@ -111,11 +111,9 @@ def walkthrough(base, provider, backend):
     if RECORD:
         RECORD.add(received.get("code"), kind="Gatehouse code")
     verified = provider.stats()["s2s"]["accepted"] - s2s_before
-    state_ok = done.status_code == 302 and received.get("state") == app.state
     detail(f"Gatehouse verified the code server to server (signed S2S call, accepted by the provider: {verified}) "
            f"-> HTTP {done.status_code} to {location.split('?')[0]}")
-    detail(f"the app receives a one-time Gatehouse code={short(received.get('code'))} and its own state back: "
-           f"{'matches' if state_ok else 'DOES NOT MATCH'}")
+    state_ok = code_received(received, app.state) and done.status_code == 302
 
     step(3, "The app redeems the code at /oauth/token: Gatehouse mints the app's own tokens.")
     answer = app.redeem(received.get("code"))
@@ -147,12 +145,8 @@ def walkthrough(base, provider, backend):
         and claims.get("sub") == data.get("userId")
 
     step(5, "The app calls its backend through Gatehouse's route /api/tasks: the JWT is checked there, the backend gets who it is.")
-    relayed = requests.get(f"{base}/api/tasks/42", headers={"Authorization": f"Bearer {tokens['access_token']}"}, timeout=10)
-    headers, authorization = relayed_headers(relayed)
-    detail(f"GET /api/tasks/42 -> HTTP {relayed.status_code}; the backend at {backend.url} received:")
-    for name in ("x-user-id", "x-user-email", "x-user-name", "x-sign-in-provider"):
-        detail(f"  {name}: {headers.get(name)}")
-    detail(f"  and an Authorization header: {authorization}")
+    relayed, headers, authorization = relayed_call(base, "/api/tasks/42", tokens["access_token"], backend,
+                                                   ("x-user-id", "x-user-email", "x-user-name", "x-sign-in-provider"))
     relay_ok = relayed.status_code == 200 and headers.get("x-user-id") == claims.get("sub") \
         and headers.get("x-user-email") == PERSON["email"] and not authorization
 
@@ -197,9 +191,8 @@ def demo(data, stack):
 
     def try_it():
         url = serve_loopback_app(base, CLIENT, None)
-        print(f"\nNow try it in a browser. Open:\n\n    {url}\n\nThe sandbox provider signs {PERSON['name']} in at once "
-              f"(Gatehouse's sign-in cookie is Secure: browsers keep it on http://127.0.0.1). The demo app on its "
-              f"loopback redirect shows the tokens it received. Ctrl-C stops everything.")
+        print_try_it(url, f"The sandbox provider signs {PERSON['name']} in at once (Gatehouse's sign-in cookie is "
+                          f"Secure: browsers keep it on http://127.0.0.1).")
     return ok, try_it
 
 

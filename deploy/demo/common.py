@@ -86,12 +86,35 @@ def stop_process(process):
         process.wait(10)
 
 
-def relayed_headers(answer, prefix="x-"):
-    """The identity headers (X-…) the echo backend says it received, and whether an
-    Authorization header reached it."""
+def code_received(received, state):
+    """Prints what the app got back on its redirect (a one-time Gatehouse code and its state);
+    returns whether the state is the app's own."""
+    matches = received.get("state") == state
+    detail(f"the app receives a one-time Gatehouse code={short(received.get('code'))} and its own state back: "
+           f"{'matches' if matches else 'DOES NOT MATCH'}")
+    return matches
+
+
+def relayed_call(base, path, access_token, backend, names):
+    """GETs `path` through Gatehouse with the app's access token and prints the identity headers
+    `names` the echo backend received, and whether an Authorization header reached it. Returns
+    (the answer, the X-… headers received, whether Authorization reached the backend)."""
+    answer = requests.get(f"{base}{path}", headers={"Authorization": f"Bearer {access_token}"}, timeout=10)
     seen = answer.json().get("headers", {}) if answer.status_code == 200 else {}
-    return {name: value for name, value in seen.items() if name.startswith(prefix) and name != "x-request-id"}, \
-        "authorization" in seen
+    headers = {name: value for name, value in seen.items() if name.startswith("x-") and name != "x-request-id"}
+    authorization = "authorization" in seen
+    detail(f"GET {path} -> HTTP {answer.status_code}; the backend at {backend.url} received:")
+    for name in names:
+        detail(f"  {name}: {headers.get(name)}")
+    detail(f"  and an Authorization header: {authorization}")
+    return answer, headers, authorization
+
+
+def print_try_it(url, instructions):
+    """How a person tries the same sign-in in a browser (the suite's browser test reads the URL
+    on the line after "Open:")."""
+    print(f"\nNow try it in a browser. Open:\n\n    {url}\n\n{instructions} The demo app on its loopback redirect "
+          f"shows the tokens it received. Ctrl-C stops everything.")
 
 
 def serve_loopback_app(base, client_id="com.example.app", scope="read", show=None):

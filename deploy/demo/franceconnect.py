@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, detail, free_port, query, relayed_headers, run,  # noqa: E402
-                    serve_loopback_app, short, start_gatehouse, step, stop_process)
+from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
+                    query, relayed_call, run, serve_loopback_app, short, start_gatehouse, step, stop_process)
 from nativeapp import App  # noqa: E402
 from sandbox import franceconnect as fcd  # noqa: E402
 
@@ -98,9 +98,7 @@ def walkthrough(base, provider, backend):
     received = query(location)
     if RECORD:
         RECORD.add(received.get("code"), kind="Gatehouse code")
-    state_ok = received.get("state") == app.state
-    detail(f"the app receives a one-time Gatehouse code={short(received.get('code'))} and its own state back: "
-           f"{'matches' if state_ok else 'DOES NOT MATCH'}")
+    state_ok = code_received(received, app.state)
 
     step(3, "The app redeems the code at /oauth/token: Gatehouse's own tokens (FranceConnect's stay sealed in Gatehouse).")
     answer = app.redeem(received.get("code"))
@@ -131,12 +129,8 @@ def walkthrough(base, provider, backend):
         and claims.get("family_name") == person["family_name"]
 
     step(5, "The app calls its backend through Gatehouse's route /api/demarches: the backend gets who it is, not the token.")
-    relayed = requests.get(f"{base}/api/demarches/42", headers={"Authorization": f"Bearer {tokens['access_token']}"}, timeout=10)
-    headers, authorization = relayed_headers(relayed)
-    detail(f"GET /api/demarches/42 -> HTTP {relayed.status_code}; the backend at {backend.url} received:")
-    for name in ("x-subject", "x-given-name", "x-family-name", "x-birthdate"):
-        detail(f"  {name}: {headers.get(name)}")
-    detail(f"  and an Authorization header: {authorization}")
+    relayed, headers, authorization = relayed_call(base, "/api/demarches/42", tokens["access_token"], backend,
+                                                   ("x-subject", "x-given-name", "x-family-name", "x-birthdate"))
     relay_ok = relayed.status_code == 200 and headers.get("x-subject") == person["sub"] \
         and headers.get("x-family-name") == person["family_name"] and not authorization
 
@@ -176,8 +170,7 @@ def demo(data, stack):
 
     def try_it():
         url = serve_loopback_app(base, CLIENT, " ".join(SCOPES))
-        print(f"\nNow try it in a browser. Open:\n\n    {url}\n\nOn FranceConnect's page pick a person and press "
-              f"\"Continuer\". The demo app on its loopback redirect shows the tokens it received. Ctrl-C stops everything.")
+        print_try_it(url, "On FranceConnect's page pick a person and press \"Continuer\".")
     return ok, try_it
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, detail, free_port, run, serve_loopback_app,  # noqa: E402
-                    short, start_gatehouse as start_configured_gatehouse, step, stop_process, wait_for_line)
+from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it, run,  # noqa: E402
+                    serve_loopback_app, short, start_gatehouse as start_configured_gatehouse, step, stop_process, wait_for_line)
 from backends import PersonalInformationService  # noqa: E402
 from gatelog import fields  # noqa: E402
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, pkce_pair, query  # noqa: E402
@@ -156,8 +156,7 @@ def walkthrough(gatehouse):
     step("3b-4c", "The user signs in at the upstream; the upstream returns to Gatehouse, which swaps the code with its secret.")
     location = browser.follow(upstream_url, APP_REDIRECT)
     received = query(location)
-    detail(f"the app receives a one-time Gatehouse code={short(received['code'])} and its own state back: "
-           f"{'matches' if received['state'] == app.state else 'DOES NOT MATCH'}")
+    code_received(received, app.state)
 
     step("5a", "The app redeems the code at /oauth/token with its code_verifier (no client secret on the phone).")
     tokens = app.redeem(received["code"])
@@ -254,8 +253,7 @@ def demo(data, stack):
 
     def try_it():
         url = serve_loopback_app(f"http://127.0.0.1:{port}")
-        print(f"\nNow try it in a browser. Open:\n\n    {url}\n\nSign in as {USERNAME} / {PASSWORD}. "
-              f"The demo app on its loopback redirect shows the tokens it received. Ctrl-C stops everything.")
+        print_try_it(url, f"Sign in as {USERNAME} / {PASSWORD}.")
     return ok, try_it
 
 
