@@ -54,7 +54,8 @@ def slug(heading):
 
 def anchors(path):
     found, counts = set(), {}
-    for line in without_code(path.read_text()):
+    lines = without_code(path.read_text())
+    for line in lines:
         match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not match:
             continue
@@ -62,7 +63,7 @@ def anchors(path):
         n = counts.get(base, 0)
         counts[base] = n + 1
         found.add(base if n == 0 else f"{base}-{n}")
-    for line in without_code(path.read_text()):   # explicit <a id="…"> / <a name="…">
+    for line in lines:   # explicit <a id="…"> / <a name="…">
         found.update(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", line))
     return found
 
