@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
-                    query, relayed_call, run, serve_loopback_app, short, start_gatehouse, step, stop_process)
+                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step, stop_process)
 from nativeapp import App  # noqa: E402
 from sandbox import central as centrald  # noqa: E402
 
@@ -53,13 +53,7 @@ def config(port, provider, backend, s2s_key, jwt_key):
     refresh_rotation: every_use
     signing_key_files: [{jwt_key}]
     token_issuer: {APP}""")
-    return f"""# Written by scripts/demo central. See deploy/central.example.yaml.
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: gatehouse.sqlite
+    return "# Written by scripts/demo central. See deploy/central.example.yaml." + sqlite_server(port) + f"""
 sessions:
   encryption_keys_file: session-keys
   refresh_grace: 30s

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "Tests/Support"))
 sys.path.insert(0, str(ROOT))  # the sandbox package
 from backends import EchoBackend  # noqa: E402,F401  (the demos' backend)
 from nativeapp import SecretsFile, free_port, pkce_pair, pump, query, wait_for_line  # noqa: E402,F401
+from tokenproxy import server_and_store  # noqa: E402
 
 #: When the end-to-end suite runs a demo it names a file in GATEHOUSE_SECRETS_RECORD: the codes,
 #: verifiers and tokens the demo's app sees are recorded there, so the suite can check that none
@@ -49,6 +50,12 @@ def heading(text):
 
 def short(token):
     return token[:8] + "…" if token else "(none)"
+
+
+def sqlite_server(port):
+    """The `server:` and `store:` sections of a demo's Gatehouse: 127.0.0.1:PORT, its SQLite file
+    in the demo's folder (the configuration's own)."""
+    return server_and_store(port, "gatehouse.sqlite")
 
 
 def gatehouse_binary():

@@ -14,7 +14,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
-                    query, relayed_call, run, serve_loopback_app, short, start_gatehouse, step, stop_process)
+                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step, stop_process)
 from nativeapp import App  # noqa: E402
 from sandbox import franceconnect as fcd  # noqa: E402
 
@@ -39,13 +39,7 @@ def config(port, provider, backend):
         given_name: /given_name
         family_name: /family_name
         birthdate: /birthdate""")
-    return f"""# Written by scripts/demo franceconnect. See deploy/franceconnect-v2.example.yaml.
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: gatehouse.sqlite
+    return "# Written by scripts/demo franceconnect. See deploy/franceconnect-v2.example.yaml." + sqlite_server(port) + f"""
 sessions:
   encryption_keys_file: session-keys
   access_token_lifetime: 5m

@@ -16,7 +16,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it, run,  # noqa: E402
-                    serve_loopback_app, short, start_gatehouse as start_configured_gatehouse, step, stop_process, wait_for_line)
+                    serve_loopback_app, short, sqlite_server, start_gatehouse as start_configured_gatehouse, step,
+                    stop_process, wait_for_line)
 from backends import PersonalInformationService  # noqa: E402
 from gatelog import fields  # noqa: E402
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, pkce_pair, query  # noqa: E402
@@ -53,13 +54,7 @@ def start_relay_doubles(upstream_url, env):
 
 
 def start_gatehouse(data, port, upstream_url, env, backend, personal):
-    config = f"""# Written by scripts/demo. See README.md, "Configuration reference".
-server:
-  public_base_url: http://127.0.0.1:{port}
-  host: 127.0.0.1
-  port: {port}
-store:
-  sqlite_path: gatehouse.sqlite
+    config = "# Written by scripts/demo. See docs/configuration.md." + sqlite_server(port) + f"""
 upstreams:
   - name: legacy
     kind: oauth2
