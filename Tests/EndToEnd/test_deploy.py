@@ -52,7 +52,7 @@ VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/gatehouse:e2e"
 IMAGE_USER = 65532
 
-#: Gatehouse's Prometheus metrics (README, Operations) and their types: the dashboard may use no other.
+#: Gatehouse's Prometheus metrics (docs/operations.md) and their types: the dashboard may use no other.
 METRICS = {
     "gatehouse_http_requests_total": "counter",
     "gatehouse_http_request_duration_seconds": "histogram",

@@ -157,7 +157,7 @@ def test_an_untrusted_tls_backend_is_502_and_never_gets_a_request(gatehouse, rel
     the certificate (DNS:backend.invalid only) does not carry. Gatehouse connects, refuses the
     handshake, and answers 502. The backend sees a connection and a broken-off handshake, never
     a request. (NIOSSL also accepts a certificate whose IP address entry is the address
-    connected to, whatever the URL's name: README, "Security notes".)"""
+    connected to, whatever the URL's name: docs/security.md.)"""
     backend = relay_doubles["tls_named_backend" if route == WRONG_NAME_ROUTE else "tls_backend"]
     token = token_for(relay_path, tokens)
     calls, mark, connections = backend.calls, backend.mark(), backend.connections

@@ -1,7 +1,7 @@
 /// An OAuth 2.0 error as the app sees it (RFC 6749 §4.1.2.1 and §5.2).
 ///
 /// Built only through the static members below, so every error Gatehouse can answer is listed
-/// here and in the README's error catalog. `description` is shown to the app: it never holds a
+/// here and in docs/app.md's error catalog. `description` is shown to the app: it never holds a
 /// token, code, verifier or secret.
 public struct OAuthError: Error, Sendable, Hashable, CustomStringConvertible {
     private enum Base: String, Sendable {

@@ -1,7 +1,7 @@
 public import CoreMetrics
 import Synchronization
 
-/// Every metric Gatehouse exports, named in one place (README, Operations). The process's
+/// Every metric Gatehouse exports, named in one place (docs/operations.md). The process's
 /// `MetricsSystem` is bootstrapped with Prometheus by `serve`; elsewhere (tests, admin
 /// commands) these are swift-metrics' no-op handles.
 ///

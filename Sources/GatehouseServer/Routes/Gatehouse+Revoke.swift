@@ -28,7 +28,7 @@ extension Gatehouse {
         }
         if let sessions, centralUpstream(client.upstream) != nil {
             // A central app's refresh token ends its session; its access tokens are JWTs that
-            // nothing stores, valid until they expire (the README says so).
+            // nothing stores, valid until they expire (docs/central.md says so).
             let record: RefreshTokenRecord?
             let session: SessionRecord?
             do {

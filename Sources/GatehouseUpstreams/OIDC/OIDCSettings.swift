@@ -93,7 +93,7 @@ public struct OIDCEndpoints: Sendable, Equatable {
 }
 
 extension OIDCSettings {
-    /// The `oidc` kind's keys (see the README's configuration reference).
+    /// The `oidc` kind's keys (docs/configuration.md).
     static func decode(_ map: MappingReader, scopes: [String]) -> OIDCSettings? {
         let issuer = GatehouseConfiguration.endpoint("issuer", in: map)
         if let issuer, issuer.hasSuffix("/") {
