@@ -21,21 +21,17 @@ public struct Gatehouse: Sendable {
     let passthrough: PassthroughRefresher
     /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
     public let signer: AssertionSigner?
-    /// Magic links sent per mailbox and per client address, per `central` upstream with `app_api`.
-    let magicLinkLimiters: [String: MagicLinkLimiter]
     /// The token buckets of `rate_limits`.
     public let limits: RateLimiters
     /// Security events (sign-ins, refreshes, revocations …).
     public let audit: AuditLog
-    /// DPoP proof ids seen lately (RFC 9449 §11.1); the store keeps them for the other instances.
-    let dpopReplays: DPoPReplayCache
-    /// Server nonces for DPoP proofs, the same on every instance sharing the session key ring.
-    let dpopNonces: DPoPNonces
+    /// DPoP (RFC 9449): every proof Gatehouse checks goes through it.
+    let dpop: DPoPEnforcement
     /// The SMTP relay of manual certification codes (`mail:`).
     let mailer: (any Mailer)?
 
     /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
-    /// buckets, magic-link counts, Apple tokens taken, refreshes in flight) carries over.
+    /// buckets, replay caches, refreshes in flight) carries over, and so do the upstream profiles with theirs.
     public init(configuration: GatehouseConfiguration, store: any GatehouseStore,
                 upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
                 signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger,
@@ -49,17 +45,9 @@ public struct Gatehouse: Sendable {
         self.now = now
         self.logger = logger
         self.audit = audit
-        self.limits = RateLimiters(configuration.operations.rateLimits, previous: previous?.limits)
-        self.magicLinkLimiters = previous?.magicLinkLimiters ?? upstreams.compactMapValues { profile in
-            (profile as? CentralUpstream).map {
-                MagicLinkLimiter(mailboxLimit: $0.central.magicLinkLimit, addressLimit: $0.central.magicLinkAddressLimit)
-            }
-        }
+        self.limits = RateLimiters(configuration.operations.rateLimits, audit: audit, previous: previous?.limits)
         self.mailer = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
-        self.dpopReplays = previous?.dpopReplays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
-        let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
-            .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
-        self.dpopNonces = previous?.dpopNonces ?? DPoPNonces(key: nonceKey, lifetime: configuration.dpop.proofLifetime.inSeconds * 2)
+        self.dpop = DPoPEnforcement(configuration: configuration, store: store, now: now, previous: previous?.dpop)
         // Its settings come from `sessions`, which a reload never changes.
         self.passthrough = previous?.passthrough ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit)
     }

@@ -14,29 +14,80 @@ import ServiceLifecycle
 
 /// Builds and runs the Hummingbird application around a `Gatehouse`.
 public enum GatehouseApplication {
-    /// The paths Gatehouse answers and the methods each takes (the rest are 404 or 405).
-    static let routes: [String: [HTTPRequest.Method]] = [
-        "/.well-known/oauth-authorization-server": [.get],
-        "/.well-known/openid-configuration": [.get],
-        "/oauth/authorize": [.get],
-        "/oauth/callback": [.get],
-        "/oauth/token": [.post],
-        "/oauth/revoke": [.post],
-        "/healthz": [.get],
-        "/readyz": [.get],
-        "/.well-known/jwks.json": [.get],
-        "/userinfo": [.get],
-        "/oauth/logout": [.get],
-        "/oauth/logout/callback": [.get],
-        "/app/auth/callback": [.get],
-        "/oauth/register": [.post],
-        "/oauth/attestation/challenge": [.post],
-        "/oauth/attestation": [.post],
-        "/oauth/session_code": [.post],
-        "/session": [.get],
-        "/oauth/certify": [.post],
-        "/oauth/certify/allow": [.post],
-    ]
+    /// One endpoint: its method and path, and what answers it with the `Gatehouse` in force.
+    struct Endpoint: Sendable {
+        let method: HTTPRequest.Method
+        let path: String
+        let answer: @Sendable (Request, GatehouseRequestContext, Gatehouse) async -> Response
+
+        init(_ method: HTTPRequest.Method, _ path: String,
+             _ answer: @escaping @Sendable (Request, GatehouseRequestContext, Gatehouse) async -> Response) {
+            self.method = method
+            self.path = path
+            self.answer = answer
+        }
+    }
+
+    /// Every endpoint Gatehouse answers, written once: the router is built from it, and the
+    /// request log and its 404/405 from the paths and methods it lists. What the upstream kinds
+    /// contribute (a sign-in's way back, an app face) comes from their profiles; a reload never
+    /// changes upstreams, so the endpoints of the first `Gatehouse` are those of every later one.
+    static func endpoints(of gatehouse: Gatehouse, readiness: Readiness, metrics: PrometheusCollectorRegistry?) -> [Endpoint] {
+        var endpoints: [Endpoint] = [
+            Endpoint(.get, "/.well-known/oauth-authorization-server") { _, _, gatehouse in gatehouse.metadata() },
+            Endpoint(.get, "/.well-known/openid-configuration") { _, _, gatehouse in gatehouse.metadata(openID: true) },
+            Endpoint(.get, "/oauth/authorize") { request, _, gatehouse in await gatehouse.authorize(request) },
+            Endpoint(.get, "/oauth/callback") { request, _, gatehouse in await gatehouse.callback(request) },
+            Endpoint(.post, "/oauth/token") { request, context, gatehouse in await gatehouse.token(request, peer: context.remoteAddress) },
+            Endpoint(.post, "/oauth/revoke") { request, _, gatehouse in await gatehouse.revoke(request) },
+            Endpoint(.post, "/oauth/register") { request, context, gatehouse in await gatehouse.register(request, peer: context.remoteAddress) },
+            Endpoint(.post, "/oauth/attestation/challenge") { request, _, gatehouse in await gatehouse.attestationChallenge(request) },
+            Endpoint(.post, "/oauth/attestation") { request, _, gatehouse in await gatehouse.attestation(request) },
+            Endpoint(.post, "/oauth/session_code") { request, _, gatehouse in await gatehouse.sessionCode(request) },
+            Endpoint(.get, "/session") { request, _, gatehouse in await gatehouse.openWebSession(request) },
+            Endpoint(.post, "/oauth/certify") { request, _, gatehouse in await gatehouse.certify(request) },
+            Endpoint(.post, "/oauth/certify/allow") { request, _, gatehouse in await gatehouse.certifyAllow(request) },
+            Endpoint(.get, "/healthz") { _, _, gatehouse in gatehouse.health() },
+            Endpoint(.get, "/readyz") { request, _, gatehouse in
+                // From SIGTERM on, load balancers are told to stop sending; requests are still served.
+                readiness.isDraining ? Response.problem(.shuttingDown(), for: request) : await gatehouse.readiness(request)
+            },
+            Endpoint(.get, "/.well-known/jwks.json") { _, _, gatehouse in gatehouse.jwks() },
+            Endpoint(.get, "/userinfo") { request, _, gatehouse in await gatehouse.userinfo(request) },
+            Endpoint(.get, "/oauth/logout") { request, _, gatehouse in await gatehouse.logout(request) },
+            Endpoint(.get, "/oauth/logout/callback") { request, _, gatehouse in await gatehouse.logoutCallback(request) },
+        ]
+        let profiles = gatehouse.upstreams.keys.sorted().compactMap { gatehouse.upstreams[$0] }
+        var cookiePaths: Set<String> = []
+        for profile in profiles {
+            if case .cookie(let path) = profile.signInReturn, cookiePaths.insert(path).inserted {
+                endpoints.append(Endpoint(.get, path) { request, _, gatehouse in await gatehouse.cookieCallback(request, path: path) })
+            }
+            for route in profile.appRoutes {
+                // The route's profile is the one in force: a reload keeps the profiles.
+                endpoints.append(Endpoint(.post, route.path) { request, context, gatehouse in
+                    await gatehouse.appRoute(route, request: request, peer: context.remoteAddress)
+                })
+            }
+        }
+        let metricsAllowed = gatehouse.configuration.operations.metrics?.allow ?? []
+        if let metrics, !metricsAllowed.isEmpty {
+            endpoints.append(Endpoint(.get, "/metrics") { request, context, gatehouse in
+                // Only to the configured addresses, asking directly: a request a proxy forwards
+                // (a trusted proxy's, or one with forwarding headers) comes from someone else,
+                // maybe the internet. To anyone else there is nothing here.
+                let trusted = gatehouse.configuration.operations.rateLimits.trustedProxies
+                guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }),
+                      !trusted.contains(where: { $0.contains(peer) }),
+                      !Self.forwardingHeaders.contains(where: { !request.headers[values: $0].isEmpty })
+                else {
+                    return Response.problem(.notFound(), for: request)
+                }
+                return MetricsExport.response(metrics)
+            })
+        }
+        return endpoints
+    }
 
     /// The router with every endpoint; in-process tests drive it directly.
     public static func router(for gatehouse: Gatehouse) -> Router<GatehouseRequestContext> {
@@ -49,56 +100,14 @@ public enum GatehouseApplication {
                        metrics: PrometheusCollectorRegistry? = nil) -> Router<GatehouseRequestContext> {
         let router = Router(context: GatehouseRequestContext.self)
         let gatehouse = holder.current
-        // A reload never changes upstreams, so the central endpoints are the same for every `Gatehouse` the holder will hold.
-        let centralRoutes = centralAPIRoutes(of: gatehouse)
-        var known = routes.merging(centralRoutes.map { ($0.path, [HTTPRequest.Method.post]) }) { first, _ in first }
-        let metricsAllowed = gatehouse.configuration.operations.metrics?.allow ?? []
-        if metrics != nil, !metricsAllowed.isEmpty { known["/metrics"] = [.get] }
+        let endpoints = endpoints(of: gatehouse, readiness: readiness, metrics: metrics)
+        let known = Dictionary(endpoints.map { ($0.path, [$0.method]) }, uniquingKeysWith: +)
         router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, holder: holder))
         router.add(middleware: RateLimitMiddleware(holder: holder))
         router.add(middleware: RelayMiddleware(holder: holder))
-        router.get("/.well-known/oauth-authorization-server") { _, _ in holder.current.metadata() }
-        router.get("/.well-known/openid-configuration") { _, _ in holder.current.metadata(openID: true) }
-        router.get("/oauth/authorize") { request, _ in await holder.current.authorize(request) }
-        router.get("/oauth/callback") { request, _ in await holder.current.callback(request) }
-        router.post("/oauth/token") { request, context in await holder.current.token(request, peer: context.remoteAddress) }
-        router.post("/oauth/revoke") { request, _ in await holder.current.revoke(request) }
-        router.post("/oauth/register") { request, context in await holder.current.register(request, peer: context.remoteAddress) }
-        router.post("/oauth/attestation/challenge") { request, _ in await holder.current.attestationChallenge(request) }
-        router.post("/oauth/attestation") { request, _ in await holder.current.attestation(request) }
-        router.post("/oauth/session_code") { request, _ in await holder.current.sessionCode(request) }
-        router.get("/session") { request, _ in await holder.current.openWebSession(request) }
-        router.post("/oauth/certify") { request, _ in await holder.current.certify(request) }
-        router.post("/oauth/certify/allow") { request, _ in await holder.current.certifyAllow(request) }
-        router.get("/healthz") { _, _ in holder.current.health() }
-        router.get("/readyz") { request, _ in
-            // From SIGTERM on, load balancers are told to stop sending; requests are still served.
-            readiness.isDraining ? Response.problem(.shuttingDown(), for: request) : await holder.current.readiness(request)
-        }
-        router.get("/.well-known/jwks.json") { _, _ in holder.current.jwks() }
-        router.get("/userinfo") { request, _ in await holder.current.userinfo(request) }
-        router.get("/oauth/logout") { request, _ in await holder.current.logout(request) }
-        router.get("/oauth/logout/callback") { request, _ in await holder.current.logoutCallback(request) }
-        router.get("/app/auth/callback") { request, _ in await holder.current.centralCallback(request) }
-        for (path, endpoint, upstream) in centralRoutes {
-            // Upstream profiles carry over a reload unchanged: the one captured here stays the one in force.
-            router.post(RouterPath(path)) { request, context in
-                await holder.current.centralAPI(request, endpoint: endpoint, upstream: upstream, peer: context.remoteAddress)
-            }
-        }
-        if let metrics, !metricsAllowed.isEmpty {
-            router.get("/metrics") { request, context in
-                // Only to the configured addresses, asking directly: a request a proxy forwards
-                // (a trusted proxy's, or one with forwarding headers) comes from someone else,
-                // maybe the internet. To anyone else there is nothing here.
-                let trusted = holder.current.configuration.operations.rateLimits.trustedProxies
-                guard let peer = context.remoteAddress, metricsAllowed.contains(where: { $0.contains(peer) }),
-                      !trusted.contains(where: { $0.contains(peer) }),
-                      !Self.forwardingHeaders.contains(where: { !request.headers[values: $0].isEmpty })
-                else {
-                    return Response.problem(.notFound(), for: request)
-                }
-                return MetricsExport.response(metrics)
+        for endpoint in endpoints {
+            router.on(RouterPath(endpoint.path), method: endpoint.method) { request, context in
+                await endpoint.answer(request, context, holder.current)
             }
         }
         return router
@@ -111,14 +120,6 @@ public enum GatehouseApplication {
         "X-Forwarded-Host", "X-Forwarded-Proto", "X-Cluster-Client-IP", "Fastly-Client-IP", "X-Original-Forwarded-For",
         "Client-IP", "X-ProxyUser-IP",
     ].map { HTTPField.Name($0)! }
-
-    /// The seed's `/auth/*` endpoints of every `central` upstream with `app_api`.
-    static func centralAPIRoutes(of gatehouse: Gatehouse) -> [(path: String, endpoint: Gatehouse.CentralEndpoint, upstream: CentralUpstream)] {
-        gatehouse.upstreams.keys.sorted().flatMap { name -> [(path: String, endpoint: Gatehouse.CentralEndpoint, upstream: CentralUpstream)] in
-            guard let upstream = gatehouse.centralUpstream(name), let api = upstream.central.appAPI else { return [] }
-            return Gatehouse.CentralEndpoint.allCases.map { (api.path + "/" + $0.rawValue, $0, upstream) }
-        }
-    }
 
     /// One upstream client per configured upstream, sharing the process's HTTP client.
     public static func upstreamClients(for configuration: GatehouseConfiguration, httpClient: HTTPClient, logger: Logger)

@@ -21,7 +21,7 @@ public protocol UpstreamProfile: Sendable {
     func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
         async throws(OAuthError) -> UpstreamGrant
 
-    /// Whether this upstream issues refresh tokens Gatehouse may use (FranceConnect does not).
+    /// Whether this upstream issues refresh tokens Gatehouse may use (some do not: their sessions live on Gatehouse's own lifetimes).
     var canRefresh: Bool { get }
 
     /// Swaps an upstream refresh token, adding Gatehouse's client credentials.
@@ -37,6 +37,15 @@ public protocol UpstreamProfile: Sendable {
     /// Checks an ID token this upstream issued, presented back by an app as `id_token_hint`:
     /// signature, issuer and audience (its expiry does not matter for a logout). Returns its `sub`.
     func verifyIDTokenHint(_ idToken: String) async throws(OAuthError) -> String
+
+    /// How the browser brings Gatehouse's state back from the sign-in page (`.query` by default).
+    var signInReturn: SignInReturn { get }
+
+    /// Gatehouse's own tokens for this upstream's apps, when the upstream gives none they may use.
+    var minter: (any TokenMinter)? { get }
+
+    /// The endpoints of the kind's own app face, if it has one.
+    var appRoutes: [AppRoute] { get }
 }
 
 extension UpstreamProfile {
@@ -47,6 +56,12 @@ extension UpstreamProfile {
     public func verifyIDTokenHint(_ idToken: String) async throws(OAuthError) -> String {
         throw .invalidRequest("this upstream issues no ID tokens")
     }
+
+    public var signInReturn: SignInReturn { .query }
+
+    public var minter: (any TokenMinter)? { nil }
+
+    public var appRoutes: [AppRoute] { [] }
 
     /// RFC 9207: an `iss` on the authorization response must be the issuer the sign-in was sent to;
     /// an answer naming another issuer is a mix-up attempt (RFC 9700 §4.4).
@@ -106,9 +121,6 @@ extension AuthorizationStart {
 public struct AuthorizationBegun: Sendable {
     public var url: String
     public var memo: UpstreamMemo
-    /// The upstream sends the browser back without `state` (a central sign-in provider): the
-    /// authorize route keeps Gatehouse's state in a `__Secure-` cookie scoped to the callback instead.
-    public var keepsStateInCookie = false
 
     public init(url: String, memo: UpstreamMemo) {
         self.url = url
@@ -119,7 +131,7 @@ public struct AuthorizationBegun: Sendable {
 /// A completed sign-in: the upstream's tokens as it sent them, and for OpenID Connect
 /// upstreams the verified identity.
 public struct UpstreamGrant: Sendable {
-    /// `nil` for an upstream that only proves who signed in (a central sign-in provider).
+    /// `nil` for an upstream that only proves who signed in (its kind mints the app's tokens).
     public var tokens: UpstreamTokenResponse?
     /// The userinfo claims, verified, exactly as the upstream sent them (a JSON object's bytes).
     public var userinfo: Data?

@@ -8,6 +8,11 @@ public enum UpstreamRegistry {
     public struct Kind: Sendable {
         public let decoder: UpstreamKindDecoder
         public let make: @Sendable (UpstreamSettings, HTTPClient, Logger) -> any UpstreamProfile
+
+        public init(decoder: UpstreamKindDecoder, make: @escaping @Sendable (UpstreamSettings, HTTPClient, Logger) -> any UpstreamProfile) {
+            self.decoder = decoder
+            self.make = make
+        }
     }
 
     public static let kinds: [String: Kind] = [
@@ -20,8 +25,9 @@ public enum UpstreamRegistry {
     /// The decoders `GatehouseConfiguration.decode` takes.
     public static var decoders: [String: UpstreamKindDecoder] { kinds.mapValues(\.decoder) }
 
-    /// The profile of one configured upstream.
-    public static func profile(for settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger) -> any UpstreamProfile {
+    /// The profile of one configured upstream, of one of `kinds`.
+    public static func profile(for settings: UpstreamSettings, httpClient: HTTPClient, logger: Logger,
+                               kinds: [String: Kind] = kinds) -> any UpstreamProfile {
         guard let kind = kinds[settings.kind] else {
             preconditionFailure("the configuration accepted an unknown upstream kind '\(settings.kind)'")
         }

@@ -206,12 +206,20 @@ extension GatehouseConfiguration {
         return nil
     }
 
+    /// The kinds that do something, as an error message lists them: "a, b or c".
+    private static func kindNames(_ kinds: [String: UpstreamKindDecoder], where test: (UpstreamKindDecoder) -> Bool) -> String {
+        let names = kinds.filter { test($0.value) }.keys.sorted()
+        guard let last = names.last else { return "none known" }
+        return names.count == 1 ? last : names.dropLast().joined(separator: ", ") + " or " + last
+    }
+
     /// The settings every upstream shares, then the kind's own (`UpstreamKindDecoder`).
     private static func decodeUpstream(_ map: MappingReader, secrets: SecretLookup, kinds: [String: UpstreamKindDecoder]) -> UpstreamSettings? {
         let name = map.string("name", required: true)
-        let kindName = map.string("kind") ?? "oauth2"
+        let kindName = map.string("kind", required: !kinds.values.contains(where: \.isDefault))
+            ?? kinds.first(where: \.value.isDefault)?.key ?? ""
         let kind = kinds[kindName]
-        if kind == nil {
+        if kind == nil, map.value("kind") != nil {
             map.reader.report(map.childPath("kind"), map.value("kind"), "must be one of: \(kinds.keys.sorted().joined(separator: ", "))")
         }
         let clientID = map.string("client_id", required: true)
@@ -228,14 +236,18 @@ extension GatehouseConfiguration {
         let scopes = map.stringList("scopes") ?? kind?.defaultScopes ?? []
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
         var identity = map.mapping("identity").flatMap(decodeIdentity) ?? kind?.defaultIdentity
+        if identity?.kind == .gatehouse, identity?.attributePaths.isEmpty == true {
+            // The attributes of the kind's own tokens, unless the configuration names others.
+            identity?.attributePaths = kind?.defaultIdentity?.attributePaths ?? [:]
+        }
         if identity?.kind == .session, kind?.keepsIdentity == false {
             map.reader.report(map.childPath("identity.kind"), map.value("identity"),
-                              "'session' needs an upstream that verifies who signed in (kind oidc or franceconnect)")
+                              "'session' needs an upstream that verifies who signed in (kind \(Self.kindNames(kinds, where: \.keepsIdentity)))")
             identity = nil
         }
         if identity?.kind == .gatehouse, kind?.defaultIdentity?.kind != .gatehouse {
             map.reader.report(map.childPath("identity.kind"), map.value("identity"),
-                              "'gatehouse' needs an upstream whose tokens Gatehouse mints (kind central)")
+                              "'gatehouse' needs an upstream whose tokens Gatehouse mints (kind \(Self.kindNames(kinds) { $0.defaultIdentity?.kind == .gatehouse }))")
             identity = nil
         }
         let policy = map.choice("refresh_token_policy", default: RefreshTokenPolicy.singleUse)
@@ -441,13 +453,17 @@ public struct UpstreamKindDecoder: Sendable {
     public var keepsIdentity: Bool
     /// How Gatehouse authenticates to the token endpoint when the configuration does not say.
     public var defaultClientAuthentication: ClientAuthentication
-    /// Whether the kind takes `client_secret_env`/`client_secret_file` (a central provider's
-    /// requests are signed with an RSA key instead).
+    /// Whether the kind takes `client_secret_env`/`client_secret_file` (a kind whose requests
+    /// are signed with a key of its own says no).
     public var usesClientSecret: Bool
+    /// Whether an upstream without `kind:` is of this kind (one kind at most says so).
+    public var isDefault: Bool
 
     public init(defaultScopes: [String] = [], defaultIdentity: IdentitySettings? = nil, keepsIdentity: Bool = false,
                 defaultClientAuthentication: ClientAuthentication = .clientSecretBasic, usesClientSecret: Bool = true,
+                isDefault: Bool = false,
                 decode: @escaping @Sendable (_ map: MappingReader, _ scopes: [String]) -> (any UpstreamProfileSettings)?) {
+        self.isDefault = isDefault
         self.defaultClientAuthentication = defaultClientAuthentication
         self.usesClientSecret = usesClientSecret
         self.decode = decode

@@ -37,8 +37,6 @@ extension GatehouseConfiguration {
                 if let text = attributes.string(key, required: true) { settings.attributePaths[key] = text }
             }
             attributes.finish()
-        } else if kind == .gatehouse {
-            settings.attributePaths = IdentitySettings.gatehouseMinted.attributePaths
         }
         if kind == .jwt {
             settings.issuer = map.string("issuer", required: true)

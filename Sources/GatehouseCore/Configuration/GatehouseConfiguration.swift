@@ -1,3 +1,5 @@
+public import Foundation
+
 /// Everything Gatehouse is told to do, validated. Built by `GatehouseConfiguration.decode`.
 public struct GatehouseConfiguration: Sendable {
     public var server: ServerSettings
@@ -157,9 +159,12 @@ public enum ClientAuthentication: String, Sendable, CaseIterable {
 /// its discovery, its presets. Each kind defines and decodes its own, in its own folder of
 /// GatehouseUpstreams (`UpstreamRegistry` maps the `kind:` word to it).
 public protocol UpstreamProfileSettings: Sendable {
-    /// Whether Gatehouse mints the app's tokens itself (a central sign-in provider gives no
-    /// tokens): its apps must be sealed and in callback mode.
+    /// Whether Gatehouse mints the app's tokens itself (the upstream gives none the app may
+    /// use): its apps must be sealed and in callback mode.
     var mintsTokens: Bool { get }
+    /// How the relay checks the access tokens Gatehouse mints for this upstream (`identity.kind:
+    /// gatehouse`): its own keys, issuer and audience; `nil` when it mints none.
+    var mintedTokens: MintedTokenVerification? { get }
     /// App clients the kind's settings name (`app_api.client`), with their YAML key: each must
     /// exist and use this upstream.
     var namedClients: [(key: String, clientID: String)] { get }
@@ -170,15 +175,31 @@ public protocol UpstreamProfileSettings: Sendable {
 
 extension UpstreamProfileSettings {
     public var mintsTokens: Bool { false }
+    public var mintedTokens: MintedTokenVerification? { nil }
     public var namedClients: [(key: String, clientID: String)] { [] }
     public var servedPaths: [(key: String, path: String)] { [] }
+}
+
+/// The keys, issuer and audience of access tokens Gatehouse mints (RS256 JWTs): the relay
+/// validates them in process, never fetching a key set.
+public struct MintedTokenVerification: Sendable {
+    public var issuer: String
+    public var audience: String
+    /// The public keys as a JWK Set document.
+    public var jwksDocument: Data
+
+    public init(issuer: String, audience: String, jwksDocument: Data) {
+        self.issuer = issuer
+        self.audience = audience
+        self.jwksDocument = jwksDocument
+    }
 }
 
 /// An authorization server Gatehouse is a confidential client of: what every kind shares,
 /// and the kind's own settings in `profile`.
 public struct UpstreamSettings: Sendable {
     public var name: String
-    /// The `kind:` word (`oauth2`, `oidc`, `franceconnect`, …).
+    /// The `kind:` word (one of `UpstreamRegistry`'s).
     public var kind: String
     public var clientID: String
     public var clientSecret: Secret

@@ -10,9 +10,9 @@ public struct IdentitySettings: Sendable {
         /// Local validation of JWT access tokens (RFC 9068) against the upstream's JWKS.
         case jwt
         /// The userinfo the upstream gave at sign-in, verified and kept in the sealed session
-        /// (OpenID Connect and FranceConnect): no identity call per request.
+        /// (the kinds that verify who signed in): no identity call per request.
         case session
-        /// The access tokens Gatehouse itself minted for a `central` upstream (RS256 JWTs),
+        /// The access tokens Gatehouse itself minted for the upstream (RS256 JWTs),
         /// verified in process with its own keys: no identity call at all.
         case gatehouse
     }
@@ -65,12 +65,6 @@ public struct IdentitySettings: Sendable {
         self.negativeTTL = negativeTTL
         self.timeout = timeout
     }
-
-    /// A `central` upstream's default: Gatehouse's own JWTs, `sub` as the subject and the
-    /// seed's `data` members as attributes.
-    public static let gatehouseMinted = IdentitySettings(
-        kind: .gatehouse, url: "", subjectPath: "/sub",
-        attributePaths: ["userId": "/data/userId", "email": "/data/email", "name": "/data/name", "provider": "/data/provider"])
 
     /// Whether this identity source reports a token's scopes (needed by routes that require scopes).
     public var reportsScopes: Bool {

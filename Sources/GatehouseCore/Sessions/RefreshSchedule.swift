@@ -4,7 +4,7 @@ public import Foundation
 ///
 /// The configured skew is bounded by half the token's lifetime: with a 60-second token and a
 /// 60-second skew, a token refreshed a moment ago would otherwise be due at once, and every
-/// request would refresh it (FranceConnect's access tokens live 60 s). A token is therefore
+/// request would refresh it (some upstreams' access tokens live 60 s). A token is therefore
 /// refreshed at most once per half of its lifetime, never right after it was issued.
 public enum RefreshSchedule {
     /// The skew that applies to a token of `lifetime` seconds (`nil`: the upstream did not say).

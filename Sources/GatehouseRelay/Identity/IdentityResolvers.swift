@@ -1,6 +1,5 @@
 public import AsyncHTTPClient
 public import GatehouseCore
-import GatehouseUpstreams
 
 extension GatehouseConfiguration {
     /// One resolver per upstream that has an `identity:` section; those that call a service per
@@ -23,8 +22,8 @@ extension GatehouseConfiguration {
             case .session:
                 continue  // read from the sealed session (`SessionIdentity`)
             case .gatehouse:
-                guard let central = upstream.profile as? CentralSettings else { continue }
-                resolvers[name] = JWTResolver.minted(by: central.tokenKeys, settings: identity)
+                guard let minted = upstream.profile.mintedTokens else { continue }
+                resolvers[name] = JWTResolver.minted(by: minted, settings: identity)
             }
         }
         return resolvers

@@ -29,9 +29,9 @@ public actor JWTResolver: IdentityResolver {
         self.algorithms = Set(settings.algorithms.compactMap { JWSAlgorithm(rawValue: $0) }.filter { $0 != .hs256 })
     }
 
-    /// The access tokens Gatehouse mints for a `central` upstream: RS256 with its own keys (an
-    /// in-process key set, never fetched), its own issuer and audience (the app id).
-    static func minted(by keys: CentralTokenKeys, settings: IdentitySettings) -> JWTResolver {
+    /// The access tokens Gatehouse mints for an upstream: RS256 with its own keys (an in-process
+    /// key set, never fetched), its own issuer and audience.
+    static func minted(by keys: MintedTokenVerification, settings: IdentitySettings) -> JWTResolver {
         var settings = settings
         settings.issuer = keys.issuer
         settings.audience = keys.audience

@@ -3,7 +3,7 @@ public import Foundation
 import NIOSSL
 public import GatehouseCore
 import Synchronization
-import GatehouseUpstreams
+public import GatehouseUpstreams
 import Yams
 
 /// Reads the YAML configuration file into `GatehouseConfiguration`.
@@ -31,14 +31,15 @@ public enum YAMLConfigurationLoader {
         return try loadSource(yaml: text, baseDirectory: folder, environment: environment)
     }
 
-    /// Validates configuration text; `baseDirectory` resolves relative paths.
-    public static func load(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
-        -> GatehouseConfiguration
+    /// Validates configuration text; `baseDirectory` resolves relative paths; `kinds`: the upstream kinds it may name.
+    public static func load(yaml text: String, baseDirectory: URL, environment: [String: String],
+                            kinds: [String: UpstreamRegistry.Kind] = UpstreamRegistry.kinds) throws(ConfigErrors) -> GatehouseConfiguration
     {
-        try loadSource(yaml: text, baseDirectory: baseDirectory, environment: environment).configuration
+        try loadSource(yaml: text, baseDirectory: baseDirectory, environment: environment, kinds: kinds).configuration
     }
 
-    static func loadSource(yaml text: String, baseDirectory: URL, environment: [String: String]) throws(ConfigErrors)
+    static func loadSource(yaml text: String, baseDirectory: URL, environment: [String: String],
+                           kinds: [String: UpstreamRegistry.Kind] = UpstreamRegistry.kinds) throws(ConfigErrors)
         -> (configuration: GatehouseConfiguration, source: ConfigurationSource)
     {
         let root: ConfigNode
@@ -62,7 +63,7 @@ public enum YAMLConfigurationLoader {
                 digests.withLock { $0[path] = SHA256.hash(data: Data(content.utf8)).map { String(format: "%02x", $0) }.joined() }
                 return content
             })
-        var configuration = try GatehouseConfiguration.decode(root, secrets: secrets)
+        var configuration = try GatehouseConfiguration.decode(root, secrets: secrets, kinds: kinds.mapValues(\.decoder))
         // The decoder saw a PEM marker; that the certificates parse is known only to NIOSSL.
         let unreadable = configuration.routes.enumerated().filter { _, route in
             guard let pem = route.backendTrustRootsPEM else { return false }

@@ -148,7 +148,7 @@ final class FastRelayPlanner: Sendable {
               admission.authorize(identity) == nil else { return nil }
         // Last: a token is taken only for a request the fast path will carry. Over the limit, the
         // general path takes again, is refused too, and answers (and counts) the 429.
-        if let limiter = limits?.relayPerSubject, limiter.take(Gatehouse.relaySubjectKey(identity, token: token)) != nil { return nil }
+        if let limits, limits.take(.relay_subject, key: RateLimiters.relaySubjectKey(identity, token: token), recording: false) != nil { return nil }
 
         let requestID = RequestIDGenerator.shared.next()
         let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)

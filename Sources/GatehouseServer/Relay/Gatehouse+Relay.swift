@@ -52,7 +52,7 @@ extension Gatehouse {
             switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
             case .fresh(let view) where view.upstream == route.upstream:
                 if token.hasPrefix(SessionServices.boundAccessPrefix),
-                   let refusal = await refusingBoundToken(request, token: token, scheme: admission.scheme, boundThumbprint: view.dpopJKT) {
+                   let refusal = await dpop.refusingBoundToken(request, token: token, scheme: admission.scheme, boundThumbprint: view.dpopJKT) {
                     return refusal
                 }
                 upstreamToken = view.tokens.accessToken.reveal()
@@ -247,11 +247,11 @@ extension Gatehouse {
             }
         case .dpop:
             guard token.hasPrefix(SessionServices.boundAccessPrefix) else {
-                return dpopRefusal(request, error: "invalid_token", detail: "Only a DPoP-bound access token is sent with the DPoP scheme.")
+                return dpop.refusal(request, error: "invalid_token", detail: "Only a DPoP-bound access token is sent with the DPoP scheme.")
             }
         case .bearer:
             if token.hasPrefix(SessionServices.boundAccessPrefix) {
-                return dpopRefusal(request, error: "invalid_token",
+                return dpop.refusal(request, error: "invalid_token",
                                    detail: "The access token is bound to a DPoP key: send it as Authorization: DPoP with a proof.")
             }
             if token.hasPrefix(SessionServices.cookiePrefix) {

@@ -7,20 +7,10 @@ import Logging
 import NIOHTTP1
 
 extension Gatehouse {
-    /// The key `relay_per_subject` counts under: the caller's subject, else its bpid, else its
-    /// token's hash (an identity service that names nobody still gets one bucket per token).
-    /// The same on both relay paths, so the fast path declines exactly when the general path refuses.
-    static func relaySubjectKey(_ identity: CallerIdentity, token: String) -> String {
-        if let subject = identity.subject { return "sub:" + subject }
-        if let bpid = identity.bpid { return "bpid:" + bpid }
-        return "token:" + SecureToken.hash(token)
-    }
-
     /// 429 when the caller's subject is over `relay_per_subject`; `nil` to go on.
     func refusingOverSubjectLimit(_ identity: CallerIdentity, token: String, clientID: String?, request: Request) -> Response? {
-        guard let limiter = limits.relayPerSubject,
-              let wait = limiter.take(Self.relaySubjectKey(identity, token: token)) else { return nil }
-        rateLimited(.relay_subject, clientID: clientID, subject: identity.subject)
+        guard let wait = limits.take(.relay_subject, key: RateLimiters.relaySubjectKey(identity, token: token), clientID: clientID,
+                                     subject: identity.subject) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
     }
 
@@ -28,11 +18,10 @@ extension Gatehouse {
     /// in the identity cache (a real look-up is about to happen); `nil` to go on. A cached
     /// answer, positive or negative, costs the identity service nothing and is never limited.
     func refusingOverLookupLimit(token: String, upstream: String, request: Request, context: GatehouseRequestContext) -> Response? {
-        guard let limiter = limits.identityLookupsPerAddress, let relay,
+        guard limits.identityLookupsPerAddress != nil, let relay,
               relay.cache.peek(token: token, upstream: upstream, counting: false) == nil,
               let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
-              let wait = limiter.take(address) else { return nil }
-        rateLimited(.identity_address, clientID: nil, subject: nil)
+              let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
     }
 
@@ -40,18 +29,12 @@ extension Gatehouse {
     /// token is not among the sessions recently opened: finding it costs a store query, which a
     /// flood of made-up tokens must not be able to ask for without limit; `nil` to go on.
     func refusingOverSessionLookupLimit(token: String, request: Request, context: GatehouseRequestContext) -> Response? {
-        guard let limiter = limits.identityLookupsPerAddress, let sessions, !sessions.hasOpenView(forGatehouseToken: token),
+        guard limits.identityLookupsPerAddress != nil, let sessions, !sessions.hasOpenView(forGatehouseToken: token),
               let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
-              let wait = limiter.take(address) else { return nil }
-        rateLimited(.identity_address, clientID: nil, subject: nil)
+              let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
     }
 
-    /// Counts and audits one request refused by a rate limit.
-    func rateLimited(_ limit: GatehouseMetrics.Limit, clientID: String?, subject: String?) {
-        GatehouseMetrics.rateLimited(limit)
-        audit.record(.rate_limited, clientID: clientID, subject: subject, reason: limit.rawValue)
-    }
 }
 
 /// Writes the W3C trace context (`traceparent`, `tracestate`) into the headers of a request

@@ -102,12 +102,3 @@ struct ProblemBody: Encodable {
         self.sign_in = signIn
     }
 }
-
-enum JSONCoding {
-    static func encode(_ value: some Encodable) -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        // Encoding plain dictionaries and structs of strings cannot fail.
-        return (try? encoder.encode(value)) ?? Data("{}".utf8)
-    }
-}

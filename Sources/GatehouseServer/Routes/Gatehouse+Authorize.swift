@@ -86,10 +86,10 @@ extension Gatehouse {
             "client_id": .string(client.clientID), "upstream": .string(client.upstream), "wiring": .string(client.wiring.rawValue),
         ])
         var response = Response.redirect(to: begun.url)
-        if begun.keepsStateInCookie {
+        if case .cookie(let path) = upstream.signInReturn {
             // The upstream will not echo Gatehouse's state: this browser carries it instead.
             let seconds = Int(configuration.server.transactionLifetime.inSeconds)
-            response.headers[.setCookie] = "\(Self.signInCookieName)=\(state); \(Self.signInCookieAttributes); Max-Age=\(seconds)"
+            response.headers[.setCookie] = "\(Self.signInCookieName)=\(state); \(Self.signInCookieAttributes(path: path)); Max-Age=\(seconds)"
         }
         return response
     }

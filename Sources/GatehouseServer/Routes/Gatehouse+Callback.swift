@@ -19,13 +19,13 @@ extension Gatehouse {
         guard let state = parameters["state"] else {
             return .problem(.unknownState("The sign-in response carries no state."), for: request)
         }
-        return await completeCallback(parameters, state: state, viaCookie: false, request: request)
+        return await completeCallback(parameters, state: state, via: .query, request: request)
     }
 
-    /// `GET /app/auth/callback`: a central sign-in provider returns the browser here (the path its
-    /// contract fixes, under the app's registered base URL) with its code and no `state`: the state
+    /// `GET {path}` of an upstream whose sign-in returns to a path its contract fixes (under the
+    /// app's registered base URL) with its code and no `state` (`SignInReturn.cookie`): the state
     /// is the `__Secure-` cookie the authorize route set. The cookie is cleared whatever happens.
-    func centralCallback(_ request: Request) async -> Response {
+    func cookieCallback(_ request: Request, path: String) async -> Response {
         let parameters: FormParameters
         do {
             parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8),
@@ -35,20 +35,22 @@ extension Gatehouse {
         }
         var response: Response
         if let state = Self.signInCookie(in: request) {
-            response = await completeCallback(parameters, state: state, viaCookie: true, request: request)
+            response = await completeCallback(parameters, state: state, via: .cookie(path: path), request: request)
         } else {
-            logger.info("central callback without the sign-in cookie")
+            logger.info("sign-in callback without the sign-in cookie", metadata: ["path": .string(path)])
             response = .problem(.unknownState("No sign-in is in progress in this browser, or it has expired."), for: request)
         }
-        response.headers.append(HTTPField(name: .setCookie, value: Self.signInCookieName + "=; " + Self.signInCookieAttributes + "; Max-Age=0"))
+        response.headers.append(HTTPField(name: .setCookie, value: Self.signInCookieName + "=; " + Self.signInCookieAttributes(path: path) + "; Max-Age=0"))
         return response
     }
 
-    /// The cookie that carries Gatehouse's state through a central sign-in.
+    /// The cookie that carries Gatehouse's state through a sign-in that returns without it.
     static let signInCookieName = "__Secure-gatehouse-signin"
-    /// Its attributes: sent only to the central callback (never to relayed routes and their
+    /// Its attributes: sent only to that sign-in's callback path (never to relayed routes and their
     /// backends), only over https, never to scripts, and on the provider's top-level redirect.
-    static let signInCookieAttributes = "Path=/app/auth/callback; Secure; HttpOnly; SameSite=Lax"
+    static func signInCookieAttributes(path: String) -> String {
+        "Path=\(path); Secure; HttpOnly; SameSite=Lax"
+    }
 
     static func signInCookie(in request: Request) -> String? {
         for header in request.headers[values: .cookie] {
@@ -64,8 +66,8 @@ extension Gatehouse {
     }
 
     /// The rest of a callback once Gatehouse's state is known (from the query, or from the cookie
-    /// of a central sign-in: each kind of upstream only through its own way back).
-    private func completeCallback(_ parameters: FormParameters, state: String, viaCookie: Bool, request: Request) async -> Response {
+    /// of a sign-in that returns without it: each upstream only through its own way back).
+    private func completeCallback(_ parameters: FormParameters, state: String, via carrier: SignInReturn, request: Request) async -> Response {
         let transaction: AuthorizationTransaction?
         do {
             transaction = try await consumeTransaction(state: state, wiring: .callback)
@@ -74,7 +76,7 @@ extension Gatehouse {
             return .problem(.storeUnavailable(), for: request)
         }
         guard let transaction, transaction.wiring == .callback, let upstream = upstreams[transaction.upstream],
-              (upstream is CentralUpstream) == viaCookie else {
+              upstream.signInReturn == carrier else {
             logger.info("callback with unknown, used or expired state")
             return .problem(.unknownState("This sign-in has expired or was already completed."), for: request)
         }

@@ -23,9 +23,8 @@ extension Gatehouse {
             response.status = .unsupportedMediaType
             return response
         }
-        if let limiter = limits.registrationPerAddress, let address = limits.clientAddress(peer: peer, headers: request.headers),
-           let wait = limiter.take(address) {
-            rateLimited(.registration_address, clientID: nil, subject: nil)
+        if limits.registrationPerAddress != nil, let address = limits.clientAddress(peer: peer, headers: request.headers),
+           let wait = limits.take(.registration_address, key: address) {
             return .oauthError(.rateLimited(retryAfter: wait.retryAfterSeconds))
         }
         guard let body = await boundedBody(request) else {
@@ -36,8 +35,7 @@ extension Gatehouse {
             guard let app = configuration.clients[metadata.softwareID], let settings = app.instances else {
                 throw .invalidClientMetadata("software_id names no app whose instances register here")
             }
-            if let limiter = limits.registrationPerApp, let wait = limiter.take(app.clientID) {
-                rateLimited(.registration_app, clientID: app.clientID, subject: nil)
+            if let wait = limits.take(.registration_app, key: app.clientID, clientID: app.clientID) {
                 throw .rateLimited(retryAfter: wait.retryAfterSeconds)
             }
             var narrowed: [String]?
@@ -49,7 +47,7 @@ extension Gatehouse {
                 let all = Set(app.redirectURIs.map(\.registered))
                 narrowed = Set(uris) == all ? nil : Array(Set(uris)).sorted()
             }
-            let proof = app.dpop == .off ? nil : try await tokenEndpointProof(request, endpoint: "/oauth/register")
+            let proof = app.dpop == .off ? nil : try await dpop.endpointProof(request, endpoint: "/oauth/register")
             if app.dpop == .required, proof == nil {
                 throw .invalidDPoPProof("this app's instances register with a DPoP proof of their key")
             }
@@ -64,7 +62,7 @@ extension Gatehouse {
                 throw .serverError("Gatehouse could not record the instance")
             }
             guard inserted else {
-                rateLimited(.registration_pending, clientID: app.clientID, subject: nil)
+                limits.refused(.registration_pending, clientID: app.clientID, subject: nil)
                 logger.warning("registration refused: the app has its maximum of instances that never signed in",
                                metadata: ["client_id": .string(app.clientID), "max_pending": .stringConvertible(settings.maximumPending)])
                 throw .rateLimited(retryAfter: Int(min(settings.pendingLifetime.inSeconds, 300)))
@@ -143,7 +141,7 @@ extension Gatehouse {
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
         do throws(OAuthError) {
             let form = try await oauthForm(request, recognizing: ["client_id"])
-            let proof = try await tokenEndpointProof(request, endpoint: "/oauth/attestation/challenge")
+            let proof = try await dpop.endpointProof(request, endpoint: "/oauth/attestation/challenge")
             let (instance, client) = try await liveInstance(form["client_id"], proof: proof)
             guard let settings = client.instances, settings.attestation != .off, settings.apple != nil || settings.play != nil else {
                 throw .unauthorizedClient("this app's instances do not attest themselves")
@@ -185,7 +183,7 @@ extension Gatehouse {
         do throws(OAuthError) {
             let form = try await oauthForm(request, recognizing: ["client_id", "challenge", "type", "key_id", "attestation_object",
                                                                   "assertion", "integrity_token"], limits: Self.attestationFormLimits)
-            let proof = try await tokenEndpointProof(request, endpoint: "/oauth/attestation")
+            let proof = try await dpop.endpointProof(request, endpoint: "/oauth/attestation")
             let (instance, client) = try await liveInstance(form["client_id"], proof: proof)
             guard let settings = client.instances, settings.attestation != .off else {
                 throw .unauthorizedClient("this app's instances do not attest themselves")

@@ -44,7 +44,7 @@ extension Gatehouse {
     static let dpopAlgorithms = ["ES256", "RS256", "PS256", "EdDSA"]
 
     /// `GET /.well-known/jwks.json` (RFC 7517): Gatehouse's ES256 key (assertions toward backends,
-    /// ID tokens) and the RS256 keys of the access tokens it mints for `central` upstreams.
+    /// ID tokens) and the keys of the access tokens it mints for upstreams whose kind mints them.
     /// With no key (no ID tokens, no minted tokens), an empty set: discovery names this URL always.
     func jwks() -> Response {
         let keys = publishedKeys
@@ -58,7 +58,7 @@ extension Gatehouse {
         var keys = signer?.jwks["keys"] ?? []
         var seen = Set(keys.compactMap { $0["kid"] })
         for name in upstreams.keys.sorted() {
-            for key in centralUpstream(name)?.central.tokenKeys.jwks ?? [] where seen.insert(key["kid"] ?? "").inserted {
+            for key in upstreams[name]?.minter?.publicKeys ?? [] where seen.insert(key["kid"] ?? "").inserted {
                 keys.append(key)
             }
         }

@@ -26,13 +26,13 @@ extension Gatehouse {
         guard let clientID = form["client_id"], let client = configuration.appClient(for: clientID) else {
             return .oauthError(.invalidClient("no app is registered with this client_id"))
         }
-        if let sessions, centralUpstream(client.upstream) != nil {
-            // A central app's refresh token ends its session; its access tokens are JWTs that
-            // nothing stores, valid until they expire (docs/central.md says so).
+        if let sessions, let minter = upstreams[client.upstream]?.minter {
+            // A minted refresh token ends its session; minted access tokens are JWTs that
+            // nothing stores, valid until they expire (the kind's page in docs/ says so).
             let record: RefreshTokenRecord?
             let session: SessionRecord?
             do {
-                record = try await sessions.store.refreshToken(hash: Self.centralRefreshHash(token))
+                record = try await sessions.store.refreshToken(hash: minter.refreshTokenHash(token))
                 session = try await record.asyncFlatMap { try await sessions.store.session(id: $0.sessionID) }
             } catch {
                 return .oauthError(.serverError("Gatehouse cannot reach its store right now"))

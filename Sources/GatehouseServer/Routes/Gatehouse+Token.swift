@@ -26,7 +26,7 @@ extension Gatehouse {
                 throw .invalidClient("no app is registered with this client_id")
             }
             // A proof is checked whenever the app may bind its tokens, or the instance its key.
-            let proof = client.dpop != .off || client.isInstance ? try await tokenEndpointProof(request, endpoint: "/oauth/token") : nil
+            let proof = client.dpop != .off || client.isInstance ? try await dpop.endpointProof(request, endpoint: "/oauth/token") : nil
             if client.dpop == .required, proof == nil {
                 throw .invalidDPoPProof("this app's token requests carry a DPoP proof (RFC 9449)")
             }
@@ -68,8 +68,8 @@ extension Gatehouse {
                 return try await exposed(signIn, to: client, binding: binding)
             }
         case .refreshToken(_, let refreshToken, let scope):
-            if let central = upstream as? CentralUpstream {
-                return try await rotateCentralRefreshToken(refreshToken, clientID: client.clientID, upstream: central).oauthBody(now: now())
+            if let minter = upstream.minter {
+                return try await minter.refresh(refreshToken, clientID: client.clientID, sessions: try mintedSessions())
             }
             switch client.tokenExposure {
             case .sealed: return try await rotateRefreshToken(refreshToken, client: client, binding: binding)
@@ -96,8 +96,7 @@ extension Gatehouse {
         if client.unknownRefreshTokens == .refuse {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")
         }
-        if let limiter = limits.unknownRefreshPerAddress, let address, let wait = limiter.take(address) {
-            rateLimited(.unknown_refresh_address, clientID: client.clientID, subject: nil)
+        if let address, let wait = limits.take(.unknown_refresh_address, key: address, clientID: client.clientID) {
             throw .rateLimited(retryAfter: wait.retryAfterSeconds)
         }
     }
@@ -113,12 +112,9 @@ extension Gatehouse {
 
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
     private func exposed(_ signIn: SignIn, to client: AppClient, binding: String?) async throws(OAuthError) -> Data {
-        if let central = centralUpstream(client.upstream) {
+        if let minter = upstreams[client.upstream]?.minter {
             // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
-            guard let userinfo = signIn.userinfo, let user = try? JSONDecoder().decode(CentralUser.self, from: userinfo) else {
-                throw .serverError("the sign-in carries no verified user")
-            }
-            return try await beginCentralSession(user: user, clientID: client.clientID, upstream: central).oauthBody(now: now())
+            return try await minter.signedIn(userinfo: signIn.userinfo, clientID: client.clientID, sessions: try mintedSessions())
         }
         let tokens: Data
         switch client.tokenExposure {

@@ -8,7 +8,7 @@ import NIOCore
 extension Gatehouse {
     /// `GET /userinfo` (OpenID Connect Core §5.3), Bearer = Gatehouse's access token: the claims
     /// the upstream gave at sign-in, verified, byte for byte as it gave them (for a signed userinfo,
-    /// its payload). No upstream call: FranceConnect's access token is long dead by then.
+    /// its payload). No upstream call: a short-lived upstream access token may be long dead by then.
     func userinfo(_ request: Request) async -> Response {
         let view: SessionServices.SessionView
         switch await appSession(request) {
@@ -45,7 +45,7 @@ extension Gatehouse {
             (token, scheme) = (bearer, .bearer)
         } else if let bound = RelayAdmission.token(values, scheme: "dpop ") {
             guard bound.hasPrefix(SessionServices.boundAccessPrefix) else {
-                return .failure(AppTokenRefusal(response: dpopRefusal(request, error: "invalid_token",
+                return .failure(AppTokenRefusal(response: dpop.refusal(request, error: "invalid_token",
                                                                       detail: "Only a DPoP-bound access token is sent with the DPoP scheme.")))
             }
             (token, scheme) = (bound, .dpop)
@@ -58,7 +58,7 @@ extension Gatehouse {
         switch await sessions.view(forGatehouseToken: token, refreshing: false, upstreams: upstreams) {
         case .fresh(let view):
             if token.hasPrefix(SessionServices.boundAccessPrefix),
-               let refusal = await refusingBoundToken(request, token: token, scheme: scheme, boundThumbprint: view.dpopJKT) {
+               let refusal = await dpop.refusingBoundToken(request, token: token, scheme: scheme, boundThumbprint: view.dpopJKT) {
                 return .failure(AppTokenRefusal(response: refusal))
             }
             return .success(view)

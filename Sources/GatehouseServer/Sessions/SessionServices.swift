@@ -35,7 +35,7 @@ public final class SessionServices: Sendable {
     let views = SessionViewCache()
     let now: @Sendable () -> Date
     private let refreshes = Coalescer<RefreshOutcome>()
-    /// Upstreams whose profile cannot refresh (FranceConnect): their sessions live on Gatehouse's
+    /// Upstreams whose profile cannot refresh: their sessions live on Gatehouse's
     /// own lifetimes and are never refreshed upstream.
     let nonRefreshingUpstreams: Set<String>
 

@@ -78,6 +78,9 @@ public struct CentralSettings: UpstreamProfileSettings {
     }
 
     public var mintsTokens: Bool { true }
+    public var mintedTokens: MintedTokenVerification? {
+        MintedTokenVerification(issuer: tokenKeys.issuer, audience: tokenKeys.audience, jwksDocument: tokenKeys.jwksDocument)
+    }
     public var namedClients: [(key: String, clientID: String)] { appAPI.map { [("app_api.client", $0.clientID)] } ?? [] }
     public var servedPaths: [(key: String, path: String)] { appAPI.map { [("app_api.path", $0.path)] } ?? [] }
 }

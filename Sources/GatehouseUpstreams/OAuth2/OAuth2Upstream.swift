@@ -42,7 +42,7 @@ public struct OAuth2Upstream: UpstreamProfile {
     }
 
     static let kind = UpstreamRegistry.Kind(
-        decoder: UpstreamKindDecoder { map, _ in
+        decoder: UpstreamKindDecoder(isDefault: true) { map, _ in
             let authorize = GatehouseConfiguration.endpoint("authorization_endpoint", in: map)
             let token = GatehouseConfiguration.endpoint("token_endpoint", in: map)
             let revocation = map.value("revocation_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("revocation_endpoint", in: map)

@@ -1,11 +1,11 @@
 import Foundation
 public import GatehouseCore
 
-/// The `oidc` kind's own settings (and FranceConnect's, which are OpenID Connect with presets).
+/// The `oidc` kind's own settings (and those of kinds built on it, OpenID Connect with presets).
 public struct OIDCSettings: UpstreamProfileSettings {
     /// The issuer its ID tokens must name (`iss`), exactly.
     public var issuer: String
-    /// Endpoints written down (FranceConnect v1); `nil` means discovery at
+    /// Endpoints written down (providers without discovery); `nil` means discovery at
     /// `{issuer}/.well-known/openid-configuration`.
     public var endpoints: OIDCEndpoints?
     /// The one algorithm ID tokens (and signed userinfo) may use: pinned, never `none`.

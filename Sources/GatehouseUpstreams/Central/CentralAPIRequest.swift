@@ -1,7 +1,5 @@
 import Foundation
-import HTTPTypes
-import Hummingbird
-import NIOCore
+import GatehouseCore
 
 /// An error of the seed's `/auth/*` contract: `{"status","message","details"?}` (broccoliapps'
 /// `ApiErrorResponse`), with `Cache-Control: no-store` and, for 429 and 503, `Retry-After`.
@@ -13,16 +11,14 @@ struct CentralAPIError: Error, Equatable {
 
     static func validation(_ details: [String]) -> Self { .init(status: 400, message: "Validation Error", details: details) }
 
-    var response: Response {
+    var response: AppResponse {
         struct Body: Encodable {
             let status: Int
             let message: String
             let details: [String]?
         }
-        var response = Response.json(Body(status: status, message: message, details: details.isEmpty ? nil : details),
-                                     status: .init(code: status))
-        if let retryAfter { response.headers[.retryAfter] = String(retryAfter) }
-        return response
+        return AppResponse(status: status, headers: retryAfter.map { [("Retry-After", String($0))] } ?? [],
+                           json: JSONCoding.encode(Body(status: status, message: message, details: details.isEmpty ? nil : details)))
     }
 }
 
@@ -42,18 +38,15 @@ struct CentralAPIRequest {
 
     let values: [String: Any]
 
-    init(_ request: inout Request, limit: Int, fields: [(name: String, field: Field, required: Bool)]) async throws(CentralAPIError) {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
+    init(_ request: AppRequest, fields: [(name: String, field: Field, required: Bool)]) throws(CentralAPIError) {
+        let contentType = request.contentType?.lowercased() ?? ""
         guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/json" else {
             throw CentralAPIError(status: 415, message: "The body must be application/json")
         }
-        let body: ByteBuffer
-        do {
-            body = try await request.collectBody(upTo: limit)
-        } catch {
-            throw CentralAPIError(status: 413, message: "The body is larger than \(limit) bytes")
+        guard let body = request.body else {
+            throw CentralAPIError(status: 413, message: "The body is larger than \(request.limit) bytes")
         }
-        guard let parsed = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView), options: [.fragmentsAllowed]) else {
+        guard let parsed = try? JSONSerialization.jsonObject(with: body, options: [.fragmentsAllowed]) else {
             throw .validation(["body: is not valid JSON"])
         }
         guard let object = parsed as? [String: Any] else { throw .validation(["body: must be a JSON object"]) }

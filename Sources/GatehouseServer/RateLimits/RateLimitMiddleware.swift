@@ -26,11 +26,11 @@ struct RateLimitMiddleware: RouterMiddleware {
             return try await next(request, context)
         }
         // The address first: an address over its limit is refused before its body is read.
-        if let limiter = limits.oauthPerAddress, let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
-           let wait = limiter.take(address) {
-            return Self.refuse(request, path: path, limit: .oauth_address, clientID: nil, wait: wait, gatehouse: gatehouse)
+        if limits.oauthPerAddress != nil, let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+           let wait = limits.take(.oauth_address, key: address) {
+            return Self.refuse(request, path: path, wait: wait)
         }
-        guard let limiter = limits.oauthPerClient else { return try await next(request, context) }
+        guard limits.oauthPerClient != nil else { return try await next(request, context) }
         var request = request
         let clientID: String?
         switch await Self.clientID(of: &request, path: path, limit: gatehouse.configuration.server.maximumBodyBytes) {
@@ -39,17 +39,15 @@ struct RateLimitMiddleware: RouterMiddleware {
             clientID = found.map { InstanceID.split($0)?.app ?? $0 }.flatMap { gatehouse.configuration.clients[$0] == nil ? nil : $0 }
         case .bodyTooLarge: return .problem(.payloadTooLarge(limit: gatehouse.configuration.server.maximumBodyBytes), for: request)
         }
-        if let clientID, let wait = limiter.take(clientID) {
-            return Self.refuse(request, path: path, limit: .oauth_client, clientID: clientID, wait: wait, gatehouse: gatehouse)
+        if let clientID, let wait = limits.take(.oauth_client, key: clientID, clientID: clientID) {
+            return Self.refuse(request, path: path, wait: wait)
         }
         return try await next(request, context)
     }
 
     /// The 429: OAuth JSON on the endpoints apps call directly (RFC 6749 §5.2), the error page
     /// (or problem JSON, as `Accept` says) on the browser's endpoints.
-    private static func refuse(_ request: Request, path: String, limit: GatehouseMetrics.Limit, clientID: String?, wait: Duration,
-                               gatehouse: Gatehouse) -> Response {
-        gatehouse.rateLimited(limit, clientID: clientID, subject: nil)
+    private static func refuse(_ request: Request, path: String, wait: Duration) -> Response {
         let seconds = wait.retryAfterSeconds
         guard answersOAuthJSON(path) else { return .tooManyRequests(retryAfter: seconds, for: request) }
         return .oauthError(.rateLimited(retryAfter: seconds))

@@ -1,5 +1,5 @@
 import Foundation
-@testable import GatehouseServer
+@testable import GatehouseUpstreams
 import Testing
 
 /// The pure parts of the seed's `/auth/*` face: the magic-link windows (per mailbox, per client address) and the e-mail rule.
