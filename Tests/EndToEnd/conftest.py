@@ -38,6 +38,7 @@ from backends import EchoBackend, JWTIssuer, PersonalInformationService, TLSEcho
 from gatelog import LogFollower, served_by  # noqa: E402,F401
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
+from stubserver import StubHandler, StubServer  # noqa: E402
 from tokenproxy import session_keys, with_suite_limits  # noqa: E402
 
 #: eve's business partner id, as her identity service answers it: with a CR LF and what
@@ -351,28 +352,13 @@ class SilentServer(LoopbackAcceptor):
             connection.close()
 
 
-class GarbageServer:
+class GarbageServer(StubServer):
     """Answers every request with 200 and a body that is not JSON."""
 
-    def __init__(self):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                body = b"<html>this is not json</html>"
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    class Handler(StubHandler):
+        def do_POST(self):
+            self.read_body()
+            self.reply(200, b"<html>this is not json</html>", "text/html")
 
 
 class DroppingBackend(LoopbackAcceptor):

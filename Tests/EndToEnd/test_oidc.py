@@ -25,9 +25,7 @@ import base64
 import json
 import re
 import secrets
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -36,6 +34,7 @@ from jwcrypto import jwk, jwt
 
 from backends import EchoBackend
 from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pkce_pair, query
+from stubserver import StubHandler, StubServer
 from tokenproxy import run_gatehouse, session_keys, run_upstream, server_and_store
 
 SCOPES = "openid profile email"
@@ -70,44 +69,26 @@ class OidcApp(App):
         return super().authorize_url(**{"scope": SCOPES, "nonce": self.nonce, **overrides})
 
 
-class DiscoveryProxy:
+class DiscoveryProxy(StubServer):
     """Forwards every GET to `target` (with `target`'s own Host), counting the paths asked.
     In front of DOT, DOT's discovery document names DOT's issuer, not this proxy's."""
 
+    class Handler(StubHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            answer = requests.get(self.stub.target + self.path, timeout=10)
+            try:
+                document = answer.json()
+            except ValueError:
+                document = None
+            self.stub.record((urlsplit(self.path).path, answer.status_code, document))
+            self.reply(answer.status_code, answer.content, answer.headers.get("Content-Type", "application/json"))
+
     def __init__(self, target):
         self.target = target
-        self.lock = threading.Lock()
-        self.answered = []  # (path, status, JSON body or None)
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self):
-                answer = requests.get(proxy.target + self.path, timeout=10)
-                try:
-                    document = answer.json()
-                except ValueError:
-                    document = None
-                with proxy.lock:
-                    proxy.answered.append((urlsplit(self.path).path, answer.status_code, document))
-                self.send_response(answer.status_code)
-                self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__()
+        self.lock, self.answered = self.condition, self.received  # (path, status, JSON body or None)
 
 
 def oidc_upstream(name, issuer, client_id, alg, extra=""):

@@ -7,56 +7,30 @@ loopback web server (RFC 8252 §7.3) that records where the browser came back to
 import os
 import shutil
 import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from contextlib import contextmanager
 
+from stubserver import StubHandler, StubServer
+
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
-class LoopbackApp:
+class LoopbackApp(StubServer):
     """The app's loopback web server: records the path and query of every request (a code, a
     state); `wait_for(path)` waits until one for that path arrived (no sleeping)."""
 
-    def __init__(self):
-        self.condition = threading.Condition()
-        self.hits = []
-        app = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                parts = urlsplit(self.path)
-                with app.condition:
-                    app.hits.append((parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}))
-                    app.condition.notify_all()
-                body = b"<!doctype html><title>app</title><p id=done>back in the app</p>"
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    class Handler(StubHandler):
+        def do_GET(self):
+            parts = urlsplit(self.path)
+            self.stub.record((parts.path, {k: v[0] for k, v in parse_qs(parts.query).items()}))
+            self.reply(200, b"<!doctype html><title>app</title><p id=done>back in the app</p>", "text/html")
 
     def wait_for(self, path, timeout=30):
-        with self.condition:
-            if not self.condition.wait_for(lambda: any(p == path for p, _ in self.hits), timeout):
-                raise AssertionError(f"the browser never reached the app's {path} (app saw {[p for p, _ in self.hits]})")
-            return next(q for p, q in self.hits if p == path)
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        hits = self.wait_received(lambda hits: any(p == path for p, _ in hits), timeout,
+                                  lambda hits: f"the browser never reached the app's {path} (app saw {[p for p, _ in hits]})")
+        return next(q for p, q in hits if p == path)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """An OpenTelemetry collector's OTLP/HTTP traces endpoint, for the tracing tests: a small
-http.server on 127.0.0.1 accepting `POST /v1/traces` with `Content-Type: application/x-protobuf`
-(gzip-encoded or not), decoded with `opentelemetry-proto` (ExportTraceServiceRequest), answered
-with an empty ExportTraceServiceResponse.
+http.server (a stubserver.StubServer) on 127.0.0.1 accepting `POST /v1/traces` with
+`Content-Type: application/x-protobuf` (gzip-encoded or not), decoded with `opentelemetry-proto`
+(ExportTraceServiceRequest), answered with an empty ExportTraceServiceResponse.
 
     with OTLPReceiver() as receiver:
         receiver.url                       http://127.0.0.1:PORT/v1/traces
@@ -15,13 +15,12 @@ attributes of its resource) and scope (the instrumentation scope's name).
 """
 
 import gzip
-import threading
-import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
+
+from stubserver import StubHandler, StubServer
 
 KINDS = {value: name.removeprefix("SPAN_KIND_").lower() for name, value in SpanMessage.SpanKind.items()}
 
@@ -75,21 +74,19 @@ def decode(body):
     return spans
 
 
-class OTLPReceiver:
+class OTLPReceiver(StubServer):
     """OTLP/HTTP (protobuf) traces receiver on 127.0.0.1, in a daemon thread."""
 
     def __init__(self):
-        self.spans = []
         self.exports = 0
         self.refused = []
-        self.condition = threading.Condition()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StubHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.read_body()
                 content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
                 if self.path.split("?")[0] != "/v1/traces":
                     return self.refuse(404, f"POST {self.path}")
@@ -102,10 +99,9 @@ class OTLPReceiver:
                 except Exception as error:  # noqa: BLE001 - anything undecodable is refused and recorded
                     return self.refuse(400, f"undecodable body: {error!r}")
                 with receiver.condition:
-                    receiver.spans.extend(spans)
                     receiver.exports += 1
-                    receiver.condition.notify_all()
-                self.answer(200, ExportTraceServiceResponse().SerializeToString())
+                    receiver.record(*spans)
+                self.reply(200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
 
             def do_GET(self):
                 self.refuse(405, f"GET {self.path}")
@@ -114,47 +110,13 @@ class OTLPReceiver:
                 with receiver.condition:
                     receiver.refused.append(why)
                     receiver.condition.notify_all()
-                self.answer(status, why.encode(), "text/plain")
+                self.reply(status, why.encode(), "text/plain")
 
-            def answer(self, status, payload, content_type="application/x-protobuf"):
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1/traces"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self.thread.start()
-
-    def received(self):
-        with self.condition:
-            return list(self.spans)
+        super().__init__(Handler, path="/v1/traces")
+        self.spans = self.received  # every span received, in StubServer's record
 
     def wait_for(self, predicate, timeout=15.0, what="the expected spans"):
         """The spans received, once `predicate(spans)` holds; AssertionError after `timeout`."""
-        deadline = time.monotonic() + timeout
-        with self.condition:
-            while not predicate(list(self.spans)):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"OTLP receiver: {what} not within {timeout}s; received {len(self.spans)} spans "
-                                         f"in {self.exports} exports: {[s.name for s in self.spans]}; refused: {self.refused}")
-                self.condition.wait(remaining)
-            return list(self.spans)
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+        return self.wait_received(predicate, timeout, lambda spans: (
+            f"OTLP receiver: {what} not within {timeout}s; received {len(spans)} spans "
+            f"in {self.exports} exports: {[s.name for s in spans]}; refused: {self.refused}"))

@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -38,17 +37,17 @@ sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from gatelog import LogFollower  # noqa: E402
 from nativeapp import wait_for_line  # noqa: E402
+from stubserver import StubHandler, StubServer  # noqa: E402
 from sandbox.secretsrecord import stop  # noqa: E402
 
 
-class CountingTokenProxy:
+class CountingTokenProxy(StubServer):
     """Forwards POSTs to `target`, counting refresh grants; can fault or hold them."""
 
     def __init__(self, target, seen=None):
         self.target = target
         self.seen = seen
         self.fault = None  # None: forward; or (status, JSON body) to answer refresh grants with
-        self.condition = threading.Condition()
         self.calls = 0  # every POST received
         self.refreshes = 0  # refresh grants received (held, faulted or forwarded)
         self.forwarded_refreshes = 0  # refresh grants forwarded to the target
@@ -63,11 +62,11 @@ class CountingTokenProxy:
         self._session = threading.local()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(StubHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self.read_body()
                 form = parse_qs(body.decode(errors="replace"))
                 refresh = form.get("grant_type") == ["refresh_token"]
                 if proxy.seen is not None:
@@ -98,7 +97,7 @@ class CountingTokenProxy:
                 if action == "fault":
                     status, payload = proxy.fault
                     event["outcome"] = f"fault {status}"
-                    return self.answer(status, "application/json", payload)
+                    return self.reply(status, payload, "application/json")
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type", "accept")}
                 try:
                     answer = proxy.http().post(proxy.target, data=body, headers=headers, timeout=30)
@@ -123,22 +122,9 @@ class CountingTokenProxy:
                     with proxy.condition:
                         event["outcome"] = f"forwarded {answer.status_code}"
                         proxy.condition.notify_all()
-                self.answer(answer.status_code, answer.headers.get("Content-Type", "application/json"), answer.content)
+                self.reply(answer.status_code, answer.content, answer.headers.get("Content-Type", "application/json"))
 
-            def answer(self, status, content_type, payload):
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/token"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler, path="/token")  # counted under self.condition, StubServer's
 
     def http(self):
         """A keep-alive session per proxy thread toward the target."""
@@ -157,13 +143,7 @@ class CountingTokenProxy:
         self.wait_until(lambda: self.held_count >= count, timeout, f"{count} held refresh grant(s)")
 
     def wait_until(self, predicate, timeout, what):
-        deadline = time.monotonic() + timeout
-        with self.condition:
-            while not predicate():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"the proxy did not see {what} within {timeout}s")
-                self.condition.wait(remaining)
+        self.wait_received(lambda _: predicate(), timeout, f"the proxy did not see {what} within {timeout}s")
 
     def pause(self):
         """Requests that would be forwarded wait (at most 30 s) until `resume()`, then go on:
@@ -204,8 +184,7 @@ class CountingTokenProxy:
     def stop(self):
         self.resume()
         self.release_held()
-        self.server.shutdown()
-        self.server.server_close()
+        super().stop()
 
 
 @contextmanager

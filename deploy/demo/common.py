@@ -8,7 +8,6 @@ in sandbox/ (the same ones the end-to-end tests use)."""
 
 import argparse
 import contextlib
-import http.server
 import json
 import os
 import secrets
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT / "Tests/Support"))
 sys.path.insert(0, str(ROOT))  # the sandbox package
 from backends import EchoBackend  # noqa: E402,F401  (the demos' backend)
 from nativeapp import SecretsFile, free_port, pkce_pair, pump, query, wait_for_line  # noqa: E402,F401
+from stubserver import StubHandler, StubServer  # noqa: E402
 from tokenproxy import server_and_store  # noqa: E402
 
 #: When the end-to-end suite runs a demo it names a file in GATEHOUSE_SECRETS_RECORD: the codes,
@@ -134,7 +134,7 @@ def serve_loopback_app(base, client_id="com.example.app", scope="read", show=Non
     state = secrets.token_urlsafe(16)
     redirect = f"http://127.0.0.1:{port}/callback"
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(StubHandler):
         def do_GET(self):
             received = query(self.path)
             if received.get("state") != state:
@@ -150,17 +150,9 @@ def serve_loopback_app(base, client_id="com.example.app", scope="read", show=Non
             else:
                 body = f"<h1>Sign-in failed</h1><pre>{json.dumps(received, indent=2)}</pre>"
             page = f"<!doctype html><meta charset=utf-8><title>Demo app</title>{body}".encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
+            self.reply(200, page, "text/html; charset=utf-8")
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    StubServer(Handler, port=port)  # listening until the demo ends
     parameters = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect, "state": state,
                   "code_challenge": challenge, "code_challenge_method": "S256", "scope": scope}
     return f"{base}/oauth/authorize?" + urlencode({k: v for k, v in parameters.items() if v is not None})
