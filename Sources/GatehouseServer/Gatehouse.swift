@@ -1,34 +1,23 @@
 public import Foundation
-import Crypto
 public import GatehouseCore
 public import GatehouseUpstreams
 public import Logging
 public import GatehouseRelay
 
-/// The decisions behind Gatehouse's endpoints, with everything they need handed in:
-/// configuration, store, one client per upstream, a clock and a logger.
-public struct Gatehouse: Sendable {
-    public let configuration: GatehouseConfiguration
-    public let store: any GatehouseStore
-    public let upstreams: [String: any UpstreamProfile]
-    public let now: @Sendable () -> Date
-    public let logger: Logger
-    /// The resource relay's services; `nil` when no route is configured.
-    public let relay: RelayServices?
-    /// Sealed sessions; `nil` when no client is sealed.
-    public let sessions: SessionServices?
-    /// Refreshes of passthrough apps' upstream tokens, coordinated across instances.
-    let passthrough: PassthroughRefresher
-    /// Gatehouse's ES256 key: assertions toward backends, ID tokens toward sealed apps, `/.well-known/jwks.json`.
-    public let signer: AssertionSigner?
-    /// The token buckets of `rate_limits`.
-    public let limits: RateLimiters
-    /// Security events (sign-ins, refreshes, revocations …).
-    public let audit: AuditLog
-    /// DPoP (RFC 9449): every proof Gatehouse checks goes through it.
-    let dpop: DPoPEnforcement
-    /// The SMTP relay of manual certification codes (`mail:`).
-    let mailer: (any Mailer)?
+/// Gatehouse, assembled: the context every feature shares and the features the configuration
+/// asks for, each built only when configured and owning its routes (`GatehouseApplication.endpoints`):
+///
+/// - the authorization server face (authorize, callback, token, revoke, metadata, logout): always;
+/// - sealed sessions (their tokens, `/userinfo`, session codes and web sessions, the sessions a
+///   minting kind keeps): with a `sessions` section;
+/// - app instances (registration, attestation, certification): when an app has `instances`;
+/// - the relay: with `routes`.
+public struct Gatehouse: GatehouseFeature {
+    let context: GatehouseContext
+    let authorizationServer: AuthorizationServer
+    let sealedSessions: SealedSessions?
+    let appInstances: AppInstances?
+    let relayFace: RelayFace?
 
     /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
     /// buckets, replay caches, refreshes in flight) carries over, and so do the upstream profiles with theirs.
@@ -36,27 +25,35 @@ public struct Gatehouse: Sendable {
                 upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
                 signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger,
                 audit: AuditLog = AuditLog(), previous: Gatehouse? = nil) {
-        self.signer = signer ?? relay?.signer
-        self.configuration = configuration
-        self.store = store
-        self.upstreams = upstreams
-        self.relay = relay
-        self.sessions = sessions
-        self.now = now
-        self.logger = logger
-        self.audit = audit
-        self.limits = RateLimiters(configuration.operations.rateLimits, audit: audit, previous: previous?.limits)
-        self.mailer = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
-        self.dpop = DPoPEnforcement(configuration: configuration, store: store, now: now, previous: previous?.dpop)
-        // Its settings come from `sessions`, which a reload never changes.
-        self.passthrough = previous?.passthrough ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit)
+        let context = GatehouseContext(
+            configuration: configuration, store: store, upstreams: upstreams, now: now, logger: logger, audit: audit,
+            limits: RateLimiters(configuration.operations.rateLimits, audit: audit, previous: previous?.limits),
+            dpop: DPoPEnforcement(configuration: configuration, store: store, now: now, previous: previous?.dpop),
+            // Its settings come from `sessions`, which a reload never changes.
+            passthrough: previous?.passthrough
+                ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit),
+            signer: signer ?? relay?.signer)
+        self.context = context
+        let instances = configuration.clients.values.contains { $0.instances != nil }
+            ? AppInstances(context: context, mailer: configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }) : nil
+        let sealed = sessions.map { SealedSessions(context: context, services: $0, relay: relay, instances: instances) }
+        appInstances = instances
+        sealedSessions = sealed
+        authorizationServer = AuthorizationServer(context: context, sessions: sealed, instances: instances, identityCache: relay?.cache)
+        relayFace = relay.map { RelayFace(context: context, services: $0, sealedSessions: sealed) }
     }
 
-    /// The issuer identifier: the public base URL (RFC 8414 §2).
-    var issuer: String { configuration.server.publicBaseURL }
-
-    func expiry(after lifetime: Duration) -> Date {
-        let (seconds, attoseconds) = lifetime.components
-        return now().addingTimeInterval(Double(seconds) + Double(attoseconds) / 1e18)
-    }
+    public var configuration: GatehouseConfiguration { context.configuration }
+    public var store: any GatehouseStore { context.store }
+    public var upstreams: [String: any UpstreamProfile] { context.upstreams }
+    public var now: @Sendable () -> Date { context.now }
+    public var logger: Logger { context.logger }
+    public var audit: AuditLog { context.audit }
+    /// The token buckets of `rate_limits`.
+    public var limits: RateLimiters { context.limits }
+    public var signer: AssertionSigner? { context.signer }
+    /// The resource relay's services; `nil` when no route is configured.
+    public var relay: RelayServices? { relayFace?.services }
+    /// Sealed sessions; `nil` without a `sessions` section.
+    public var sessions: SessionServices? { sealedSessions?.services }
 }

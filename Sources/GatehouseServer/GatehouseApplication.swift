@@ -33,43 +33,69 @@ public enum GatehouseApplication {
     /// contribute (a sign-in's way back, an app face) comes from their profiles; a reload never
     /// changes upstreams, so the endpoints of the first `Gatehouse` are those of every later one.
     static func endpoints(of gatehouse: Gatehouse, readiness: Readiness, metrics: PrometheusCollectorRegistry?) -> [Endpoint] {
+        // The authorization server face, and the process's own endpoints: always.
         var endpoints: [Endpoint] = [
-            Endpoint(.get, "/.well-known/oauth-authorization-server") { _, _, gatehouse in gatehouse.metadata() },
-            Endpoint(.get, "/.well-known/openid-configuration") { _, _, gatehouse in gatehouse.metadata(openID: true) },
-            Endpoint(.get, "/oauth/authorize") { request, _, gatehouse in await gatehouse.authorize(request) },
-            Endpoint(.get, "/oauth/callback") { request, _, gatehouse in await gatehouse.callback(request) },
-            Endpoint(.post, "/oauth/token") { request, context, gatehouse in await gatehouse.token(request, peer: context.remoteAddress) },
-            Endpoint(.post, "/oauth/revoke") { request, _, gatehouse in await gatehouse.revoke(request) },
-            Endpoint(.post, "/oauth/register") { request, context, gatehouse in await gatehouse.register(request, peer: context.remoteAddress) },
-            Endpoint(.post, "/oauth/attestation/challenge") { request, _, gatehouse in await gatehouse.attestationChallenge(request) },
-            Endpoint(.post, "/oauth/attestation") { request, _, gatehouse in await gatehouse.attestation(request) },
-            Endpoint(.post, "/oauth/session_code") { request, _, gatehouse in await gatehouse.sessionCode(request) },
-            Endpoint(.get, "/session") { request, _, gatehouse in await gatehouse.openWebSession(request) },
-            Endpoint(.post, "/oauth/certify") { request, _, gatehouse in await gatehouse.certify(request) },
-            Endpoint(.post, "/oauth/certify/allow") { request, _, gatehouse in await gatehouse.certifyAllow(request) },
+            Endpoint(.get, "/.well-known/oauth-authorization-server") { _, _, gatehouse in gatehouse.authorizationServer.metadata() },
+            Endpoint(.get, "/.well-known/openid-configuration") { _, _, gatehouse in gatehouse.authorizationServer.metadata(openID: true) },
+            Endpoint(.get, "/oauth/authorize") { request, _, gatehouse in await gatehouse.authorizationServer.authorize(request) },
+            Endpoint(.get, "/oauth/callback") { request, _, gatehouse in await gatehouse.authorizationServer.callback(request) },
+            Endpoint(.post, "/oauth/token") { request, context, gatehouse in
+                await gatehouse.authorizationServer.token(request, peer: context.remoteAddress)
+            },
+            Endpoint(.post, "/oauth/revoke") { request, _, gatehouse in await gatehouse.authorizationServer.revoke(request) },
+            Endpoint(.get, "/.well-known/jwks.json") { _, _, gatehouse in gatehouse.authorizationServer.jwks() },
+            Endpoint(.get, "/oauth/logout") { request, _, gatehouse in await gatehouse.authorizationServer.logout(request) },
+            Endpoint(.get, "/oauth/logout/callback") { request, _, gatehouse in await gatehouse.authorizationServer.logoutCallback(request) },
             Endpoint(.get, "/healthz") { _, _, gatehouse in gatehouse.health() },
             Endpoint(.get, "/readyz") { request, _, gatehouse in
                 // From SIGTERM on, load balancers are told to stop sending; requests are still served.
                 readiness.isDraining ? Response.problem(.shuttingDown(), for: request) : await gatehouse.readiness(request)
             },
-            Endpoint(.get, "/.well-known/jwks.json") { _, _, gatehouse in gatehouse.jwks() },
-            Endpoint(.get, "/userinfo") { request, _, gatehouse in await gatehouse.userinfo(request) },
-            Endpoint(.get, "/oauth/logout") { request, _, gatehouse in await gatehouse.logout(request) },
-            Endpoint(.get, "/oauth/logout/callback") { request, _, gatehouse in await gatehouse.logoutCallback(request) },
         ]
+        // A sign-in that comes back by a path of its kind's (`SignInReturn.cookie`).
         let profiles = gatehouse.upstreams.keys.sorted().compactMap { gatehouse.upstreams[$0] }
         var cookiePaths: Set<String> = []
         for profile in profiles {
             if case .cookie(let path) = profile.signInReturn, cookiePaths.insert(path).inserted {
-                endpoints.append(Endpoint(.get, path) { request, _, gatehouse in await gatehouse.cookieCallback(request, path: path) })
-            }
-            for route in profile.appRoutes {
-                // The route's profile is the one in force: a reload keeps the profiles.
-                endpoints.append(Endpoint(.post, route.path) { request, context, gatehouse in
-                    await gatehouse.appRoute(route, request: request, peer: context.remoteAddress)
+                endpoints.append(Endpoint(.get, path) { request, _, gatehouse in
+                    await gatehouse.authorizationServer.cookieCallback(request, path: path)
                 })
             }
         }
+        // Sealed sessions, with a `sessions` section (which a reload never changes), and the app
+        // faces of the kinds that keep their people in them.
+        if gatehouse.sealedSessions != nil {
+            endpoints += [
+                Endpoint(.get, "/userinfo") { request, _, gatehouse in await gatehouse.sealedSessions.answer(request) { await $0.userinfo(request) } },
+                Endpoint(.post, "/oauth/session_code") { request, _, gatehouse in
+                    await gatehouse.sealedSessions.answer(request) { await $0.sessionCode(request) }
+                },
+                Endpoint(.get, "/session") { request, _, gatehouse in await gatehouse.sealedSessions.answer(request) { await $0.openWebSession(request) } },
+            ]
+            for profile in profiles {
+                for route in profile.appRoutes {
+                    // The route's profile is the one in force: a reload keeps the profiles.
+                    endpoints.append(Endpoint(.post, route.path) { request, context, gatehouse in
+                        await gatehouse.sealedSessions.answer(request) { await $0.appRoute(route, request: request, peer: context.remoteAddress) }
+                    })
+                }
+            }
+        }
+        // App instances: their endpoints are known from the start, since a reload may add the first
+        // app with `instances`; while none has them, they answer as unknown paths do.
+        endpoints += [
+            Endpoint(.post, "/oauth/register") { request, context, gatehouse in
+                await gatehouse.appInstances.answer(request) { await $0.register(request, peer: context.remoteAddress) }
+            },
+            Endpoint(.post, "/oauth/attestation/challenge") { request, _, gatehouse in
+                await gatehouse.appInstances.answer(request) { await $0.attestationChallenge(request) }
+            },
+            Endpoint(.post, "/oauth/attestation") { request, _, gatehouse in await gatehouse.appInstances.answer(request) { await $0.attestation(request) } },
+            Endpoint(.post, "/oauth/certify") { request, _, gatehouse in await gatehouse.appInstances.answer(request) { await $0.certify(request) } },
+            Endpoint(.post, "/oauth/certify/allow") { request, _, gatehouse in
+                await gatehouse.appInstances.answer(request) { await $0.certifyAllow(request) }
+            },
+        ]
         let metricsAllowed = gatehouse.configuration.operations.metrics?.allow ?? []
         if let metrics, !metricsAllowed.isEmpty {
             endpoints.append(Endpoint(.get, "/metrics") { request, context, gatehouse in

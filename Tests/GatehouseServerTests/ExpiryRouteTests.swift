@@ -115,8 +115,8 @@ struct ExpiryRouteTests {
             let pending = SecureToken.generate()
             try await test.store.insertCertification(
                 idHash: SecureToken.hash(pending), sealed: Data("sealed".utf8),
-                codeHash: Gatehouse.codeHash(pending: pending, code: "123456"),
-                expiresAt: test.clock.now().addingTimeInterval(Gatehouse.certificationLifetime))
+                codeHash: AppInstances.codeHash(pending: pending, code: "123456"),
+                expiresAt: test.clock.now().addingTimeInterval(AppInstances.certificationLifetime))
             test.clock.advance(seconds: 599)
             let wrong = try await Self.form(client, "/oauth/certify", ["pending": pending, "code": "654321"])
             #expect(String(buffer: wrong.body).contains("not the right one"))

@@ -31,13 +31,13 @@ struct TrustedInstanceUnitTests {
     }
 
     @Test func theCodeHasSixDigitsAndItsHashNeedsThePendingID() {
-        let codes = (0..<200).map { _ in Gatehouse.sixDigits() }
+        let codes = (0..<200).map { _ in AppInstances.sixDigits() }
         #expect(codes.allSatisfy { $0.count == 6 && $0.allSatisfy(\.isNumber) })
         #expect(Set(codes).count > 150)
-        #expect(Gatehouse.codeHash(pending: "p1", code: "123456") != Gatehouse.codeHash(pending: "p2", code: "123456"))
-        #expect(Gatehouse.masked("alice@example.com") == "a***@example.com")
-        #expect(Gatehouse.verifiedEmail(in: Data(#"{"email":"a@b.co","email_verified":false}"#.utf8)) == nil)
-        #expect(Gatehouse.verifiedEmail(in: Data(#"{"email":"a@b.co"}"#.utf8)) == "a@b.co")
+        #expect(AppInstances.codeHash(pending: "p1", code: "123456") != AppInstances.codeHash(pending: "p2", code: "123456"))
+        #expect(AppInstances.masked("alice@example.com") == "a***@example.com")
+        #expect(AppInstances.verifiedEmail(in: Data(#"{"email":"a@b.co","email_verified":false}"#.utf8)) == nil)
+        #expect(AppInstances.verifiedEmail(in: Data(#"{"email":"a@b.co"}"#.utf8)) == "a@b.co")
     }
 
     @Test(arguments: [
@@ -47,7 +47,7 @@ struct TrustedInstanceUnitTests {
         ("https://app.example.com:8443/", false), ("/inbox", false), ("https://app.example.com//evil.com", false),
     ])
     func returnToMustBeUnderAConfiguredOrigin(_ returnTo: String, _ accepted: Bool) {
-        #expect((Gatehouse.webDestination(returnTo, origins: ["https://app.example.com"]) != nil) == accepted)
+        #expect((SealedSessions.webDestination(returnTo, origins: ["https://app.example.com"]) != nil) == accepted)
     }
 
     @Test func theSessionCookieNeverReachesABackend() {

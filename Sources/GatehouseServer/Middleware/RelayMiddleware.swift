@@ -12,6 +12,8 @@ struct RelayMiddleware: RouterMiddleware {
         guard let route = gatehouse.configuration.route(for: request.uri.path) else {
             return try await next(request, context)
         }
-        return await gatehouse.relay(request, context: context, route: route)
+        // Routes are configured, so the relay is: a request under a prefix never reaches the router.
+        guard let relay = gatehouse.relayFace else { return .problem(.notFound(), for: request) }
+        return await relay.serve(request, context: context, route: route)
     }
 }

@@ -6,7 +6,7 @@ import Tracing
 import Logging
 import NIOHTTP1
 
-extension Gatehouse {
+extension RelayFace {
     /// 429 when the caller's subject is over `relay_per_subject`; `nil` to go on.
     func refusingOverSubjectLimit(_ identity: CallerIdentity, token: String, clientID: String?, request: Request) -> Response? {
         guard let wait = limits.take(.relay_subject, key: RateLimiters.relaySubjectKey(identity, token: token), clientID: clientID,
@@ -18,8 +18,8 @@ extension Gatehouse {
     /// in the identity cache (a real look-up is about to happen); `nil` to go on. A cached
     /// answer, positive or negative, costs the identity service nothing and is never limited.
     func refusingOverLookupLimit(token: String, upstream: String, request: Request, context: GatehouseRequestContext) -> Response? {
-        guard limits.identityLookupsPerAddress != nil, let relay,
-              relay.cache.peek(token: token, upstream: upstream, counting: false) == nil,
+        guard limits.identityLookupsPerAddress != nil,
+              services.cache.peek(token: token, upstream: upstream, counting: false) == nil,
               let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
               let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
@@ -29,7 +29,7 @@ extension Gatehouse {
     /// token is not among the sessions recently opened: finding it costs a store query, which a
     /// flood of made-up tokens must not be able to ask for without limit; `nil` to go on.
     func refusingOverSessionLookupLimit(token: String, request: Request, context: GatehouseRequestContext) -> Response? {
-        guard limits.identityLookupsPerAddress != nil, let sessions, !sessions.hasOpenView(forGatehouseToken: token),
+        guard limits.identityLookupsPerAddress != nil, let sessions = sealedSessions?.services, !sessions.hasOpenView(forGatehouseToken: token),
               let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
               let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)

@@ -3,7 +3,7 @@ import GatehouseUpstreams
 import Hummingbird
 import Logging
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `GET /oauth/authorize` (RFC 6749 §4.1.1, RFC 7636 §4.3): checks the app, records a
     /// transaction and sends the browser to the upstream with Gatehouse's own `state`.
     func authorize(_ request: Request) async -> Response {
@@ -41,7 +41,7 @@ extension Gatehouse {
             // tokens is refused now, sparing the user.
             if let client = clients[authorization.clientID], !(client.isInstance && client.instances?.manualCertification == true) {
                 do throws(OAuthError) {
-                    try requireCertification(of: client, instance: instance)
+                    try AppInstances.requireCertification(of: client, instance: instance)
                 } catch {
                     logger.info("authorize refused", metadata: ["error": .string(error.code)])
                     return .redirect(to: appRedirect(authorization.redirectURI, error: error, state: authorization.state))
@@ -100,13 +100,5 @@ extension Gatehouse {
         guard let sealed = try await store.consumeTransaction(stateHash: AuthorizationTransaction.storeKey(state: state, wiring: wiring), now: now())
         else { return nil }
         return try? AuthorizationTransaction.unsealed(sealed, with: state)
-    }
-
-    /// The app's redirect URI with an error, its state and Gatehouse's issuer (RFC 6749 §4.1.2.1, RFC 9207).
-    func appRedirect(_ redirectURI: String, error: OAuthError, state: String?) -> String {
-        var parameters = [("error", error.code), ("error_description", error.detail)]
-        if let state { parameters.append(("state", state)) }
-        parameters.append(("iss", issuer))
-        return RedirectURI.appending(parameters, to: redirectURI)
     }
 }

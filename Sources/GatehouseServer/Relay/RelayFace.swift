@@ -12,15 +12,25 @@ import NIOSSL
 import ServiceContextModule
 import Tracing
 
-extension Gatehouse {
+/// The resource relay's general path (the fast path in FastRelay/ carries out the same decisions
+/// for what it takes): admission, the caller's identity, the route's rule, the backend call.
+struct RelayFace: GatehouseFeature {
+    let context: GatehouseContext
+    let services: RelayServices
+    /// Sealed sessions, when configured: a Gatehouse token stands for its session's upstream token.
+    let sealedSessions: SealedSessions?
+}
+
+extension RelayFace {
     /// Bodies up to this size are read whole and sent with a length; larger ones stream.
     static let bufferedBodyLimit = 64 * 1024
 
     /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): the general path. The same admission
     /// as the fast path (`RelayAdmission`), then the token (sealed sessions refreshed when due),
     /// the caller resolved once (cached), the route's rule, and the relay to the backend, streaming.
-    func relay(_ request: Request, context: GatehouseRequestContext, route: RouteSettings) async -> Response {
-        guard let relay, let identitySettings = configuration.upstreams[route.upstream]?.identity,
+    func serve(_ request: Request, context: GatehouseRequestContext, route: RouteSettings) async -> Response {
+        let relay = services
+        guard let identitySettings = configuration.upstreams[route.upstream]?.identity,
               let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
             return .problem(.notFound(), for: request)
         }
@@ -47,7 +57,7 @@ extension Gatehouse {
         }
         if let refusal = refusingCredential(admission, token: token, request: request, route: route) { return refusal }
         if SessionServices.isAccessToken(token) {
-            guard let sessions else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
+            guard let sessions = sealedSessions?.services else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
             if let refused = refusingOverSessionLookupLimit(token: token, request: request, context: context) { return refused }
             switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
             case .fresh(let view) where view.upstream == route.upstream:
@@ -82,7 +92,7 @@ extension Gatehouse {
             do {
                 resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
                                                            negativeTTL: identitySettings.negativeTTL, resolver: resolver)
-                if resolution == .inactive, let sessions, let view = sealedView, view.upstreamExpiresAt == nil {
+                if resolution == .inactive, let sessions = sealedSessions?.services, let view = sealedView, view.upstreamExpiresAt == nil {
                     // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
                     // refresh once now rather than send the app to sign in again.
                     let refreshed: SessionServices.SessionView

@@ -5,7 +5,7 @@ import HTTPTypes
 import Hummingbird
 import Logging
 
-extension Gatehouse {
+extension SealedSessions {
     static let sessionCodeKind = "session_code"
     static let sessionCodeLifetime = 60
 
@@ -23,8 +23,8 @@ extension Gatehouse {
         // A web session is a grant too: under `attestation: required`, only a certified instance's session opens one.
         if let client = configuration.appClient(for: view.clientID), client.instances?.attestation == .required {
             do throws(OAuthError) {
-                let instance = client.isInstance ? try await liveInstance(view.clientID, proof: nil, checkingKey: false).0 : nil
-                try requireCertification(of: client, instance: instance)
+                let instance = client.isInstance ? try await instances?.liveInstance(view.clientID, proof: nil, checkingKey: false).0 : nil
+                try AppInstances.requireCertification(of: client, instance: instance)
             } catch {
                 logger.info("session code refused", metadata: ["error": .string(error.code)])
                 return .oauthError(error)
@@ -45,7 +45,8 @@ extension Gatehouse {
     /// cookie (bound to the same session) and sends the webview to `return_to`, which must be
     /// under one of `webviews.origins`.
     func openWebSession(_ request: Request) async -> Response {
-        guard let webviews = configuration.webviews, let sessions else { return .problem(.notFound(), for: request) }
+        guard let webviews = configuration.webviews else { return .problem(.notFound(), for: request) }
+        let sessions = services
         let parameters: FormParameters
         do {
             parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: ["session_code", "return_to"])

@@ -4,7 +4,21 @@ import GatehouseRelay
 import GatehouseUpstreams
 import Logging
 
-extension Gatehouse {
+/// Sealed sessions: the app holds Gatehouse's own tokens, the upstream's stay sealed in the
+/// store (and the person a minting kind vouched for). Their token pairs, the rotation of their
+/// refresh-token family, their end; `/userinfo`, session codes and web sessions; and the
+/// sessions a minting kind keeps (`GatehouseMintedSessions`).
+struct SealedSessions: GatehouseFeature {
+    let context: GatehouseContext
+    let services: SessionServices
+    /// The relay's resolvers and cache, when routes are configured: a session's subject is looked
+    /// up once, and an ended session's cached identity is dropped.
+    let relay: RelayServices?
+    /// App instances, when an app has them: a web session is a grant too.
+    let instances: AppInstances?
+}
+
+extension SealedSessions {
     /// The pair Gatehouse hands the app of a sealed client.
     struct GatehousePair: Codable {
         let access_token: String
@@ -22,8 +36,8 @@ extension Gatehouse {
     ///
     /// `dpopJKT`: the thumbprint of the app's DPoP key; the session's tokens are then bound to it
     /// (RFC 9449): a `ghd_` access token of type `DPoP`, and refreshes only with a proof by that key.
-    func beginSession(client: AppClient, signIn: SignIn, dpopJKT: String? = nil) async throws(OAuthError) -> Data {
-        guard let sessions else { throw .serverError("sealed sessions are not configured") }
+    func beginSession(client: AppClient, signIn: AuthorizationServer.SignIn, dpopJKT: String? = nil) async throws(OAuthError) -> Data {
+        let sessions = services
         let tokens = try UpstreamTokenResponse(body: signIn.tokens)
         let sessionID = SecureToken.generate()
         let now = self.now()
@@ -111,7 +125,8 @@ extension Gatehouse {
     /// A session bound to a DPoP key (RFC 9449 §5: a public client's refresh tokens are bound
     /// too) rotates only for a proof by that key (`binding`), and its new pair is bound again.
     func rotateRefreshToken(_ refreshToken: String, client: AppClient, binding: String?) async throws(OAuthError) -> Data {
-        guard let sessions, refreshToken.hasPrefix(SessionServices.refreshPrefix) else {
+        let sessions = services
+        guard refreshToken.hasPrefix(SessionServices.refreshPrefix) else {
             throw .invalidGrant("the refresh token is invalid, expired or revoked")
         }
         return try await rotateFamily(refreshToken: refreshToken, hash: SecureToken.hash(refreshToken), clientID: client.clientID,
@@ -178,7 +193,7 @@ extension Gatehouse {
                 logger.warning("security event: a replaced refresh token was presented again; its session is revoked",
                                metadata: ["client_id": .string(clientID), "session": .string(String(SecureToken.hash(session.id).prefix(12)))])
                 audit.record(.reuse_detected, clientID: clientID, subject: session.subject, reason: "refresh_token_after_grace")
-                if (try? await endSession(session, sessions: sessions)) != nil {
+                if (try? await end(session)) != nil {
                     GatehouseMetrics.refresh(.family_revoked)
                     audit.record(.family_revoked, clientID: clientID, subject: session.subject, reason: "refresh_token_reuse")
                 }
@@ -209,8 +224,8 @@ extension Gatehouse {
     }
 
     /// Ends a session everywhere (`SessionServices.end`); throws when the store cannot record it.
-    func endSession(_ session: SessionRecord, sessions: SessionServices) async throws {
-        try await sessions.end(session, upstreams: upstreams, identityCache: relay?.cache)
+    func end(_ session: SessionRecord) async throws {
+        try await services.end(session, upstreams: upstreams, identityCache: relay?.cache)
     }
 }
 

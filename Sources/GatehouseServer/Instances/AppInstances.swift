@@ -6,7 +6,16 @@ import Hummingbird
 import Logging
 import NIOCore
 
-extension Gatehouse {
+/// App instances (seed 000): each installation of an app registers (RFC 7591), attests with its
+/// platform (App Attest, Play Integrity) or certifies by an e-mailed code, and signs in as its
+/// own client; `attestation: required` gives tokens to certified instances only.
+struct AppInstances: GatehouseFeature {
+    let context: GatehouseContext
+    /// The SMTP relay of manual certification codes (`mail:`).
+    let mailer: (any Mailer)?
+}
+
+extension AppInstances {
     /// `POST /oauth/register` (RFC 7591 §3): one install of an app registers itself and gets its own
     /// `client_id`, bound to the app's redirect URIs and scopes. `software_id` names the app. A DPoP
     /// proof binds the instance to the proof's key: every later request of the instance must prove
@@ -117,7 +126,7 @@ extension Gatehouse {
     /// policy in force at the time of the grant (a reload that turns it on stops the refreshes of
     /// instances that signed in without). The app's own client id is no way around it: its
     /// instances register and certify, the app itself gets nothing.
-    func requireCertification(of client: AppClient, instance: InstanceRecord?) throws(OAuthError) {
+    static func requireCertification(of client: AppClient, instance: InstanceRecord?) throws(OAuthError) {
         guard let settings = client.instances, settings.attestation == .required else { return }
         guard client.isInstance else {
             throw .unauthorizedClient("this app gives tokens only to certified app instances: register one at /oauth/register and attest it")
@@ -293,20 +302,6 @@ extension Gatehouse {
     /// Base64 or base64url, padded or not.
     static func decodeBase64(_ text: String) -> Data? {
         Data(base64Encoded: text) ?? Base64URL.decode(text.replacingOccurrences(of: "=", with: ""))
-    }
-
-    /// The form of an OAuth endpoint, read within the body limit.
-    func oauthForm(_ request: Request, recognizing names: Set<String>, limits: FormParameters.Limits = .init()) async throws(OAuthError)
-        -> FormParameters
-    {
-        guard let body = await boundedBody(request) else {
-            throw .invalidRequest("the body is larger than \(configuration.server.maximumBodyBytes) bytes")
-        }
-        do {
-            return try FormParameters(parsing: body.readableBytesView, limits: limits, recognizing: names)
-        } catch {
-            throw .invalidRequest(error.description)
-        }
     }
 }
 

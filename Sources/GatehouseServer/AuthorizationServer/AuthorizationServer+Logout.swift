@@ -5,7 +5,7 @@ import GatehouseUpstreams
 import Hummingbird
 import Logging
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `GET /oauth/logout` (OpenID Connect RP-Initiated Logout 1.0): ends the app's session and
     /// sends the browser through the upstream's end-session endpoint (so its cookies expire),
     /// then back to the app's registered post-logout URI. Nothing unregistered is ever redirected to.
@@ -40,19 +40,19 @@ extension Gatehouse {
         switch client.tokenExposure {
         case .sealed:
             guard let sessions, let signer, let verified = await signer.verifiedIDTokenHint(hint), verified.audience.contains(clientID),
-                  let sessionID = Self.sessionID(fromHandle: verified.sessionHandle, keyRing: sessions.settings.keyRing) else {
+                  let sessionID = SealedSessions.sessionID(fromHandle: verified.sessionHandle, keyRing: sessions.services.settings.keyRing) else {
                 return .problem(.badRequest("id_token_hint is not an ID token Gatehouse gave this app."), for: request)
             }
             let session: SessionRecord?
             do {
-                session = try await sessions.store.session(id: sessionID)
+                session = try await sessions.services.store.session(id: sessionID)
             } catch {
                 return .unavailable(.storeUnavailable(), for: request)
             }
             if let session, session.clientID == clientID, session.isLive(at: now()) {
-                upstreamIDToken = (try? sessions.open(session))?.tokens.idToken
+                upstreamIDToken = (try? sessions.services.open(session))?.tokens.idToken
                 do {
-                    try await endSession(session, sessions: sessions)
+                    try await sessions.end(session)
                 } catch {
                     return .unavailable(.storeUnavailable(), for: request)
                 }

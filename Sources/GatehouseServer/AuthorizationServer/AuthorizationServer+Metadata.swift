@@ -4,7 +4,7 @@ import GatehouseRelay
 import GatehouseUpstreams
 import Hummingbird
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `GET /.well-known/oauth-authorization-server` (RFC 8414 §3) and, with `openID`,
     /// `GET /.well-known/openid-configuration` (OpenID Connect Discovery 1.0 §4), the one document
     /// AppAuth fetches (iOS `discoverServiceConfigurationForIssuer:`, Android `fetchFromIssuer`):
@@ -63,21 +63,6 @@ extension Gatehouse {
             }
         }
         return keys
-    }
-
-    /// `GET /healthz`: the process is up.
-    func health() -> Response {
-        .json(["status": "ok"], status: .ok)
-    }
-
-    /// `GET /readyz`: the process can serve sign-ins (its store answers).
-    func readiness(_ request: Request) async -> Response {
-        do {
-            try await store.checkHealth()
-            return .json(["status": "ready"], status: .ok)
-        } catch {
-            return .problem(.storeUnavailable(), for: request)
-        }
     }
 }
 

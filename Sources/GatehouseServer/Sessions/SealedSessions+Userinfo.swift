@@ -5,7 +5,7 @@ import Hummingbird
 import HTTPTypes
 import NIOCore
 
-extension Gatehouse {
+extension SealedSessions {
     /// `GET /userinfo` (OpenID Connect Core §5.3), Bearer = Gatehouse's access token: the claims
     /// the upstream gave at sign-in, verified, byte for byte as it gave them (for a signed userinfo,
     /// its payload). No upstream call: a short-lived upstream access token may be long dead by then.
@@ -54,8 +54,7 @@ extension Gatehouse {
             return .failure(AppTokenRefusal(response: Self.bearerChallenge(
                 request, error: nil, detail: "A Gatehouse access token is required (Authorization: Bearer).")))
         }
-        guard let sessions else { return .failure(invalid) }
-        switch await sessions.view(forGatehouseToken: token, refreshing: false, upstreams: upstreams) {
+        switch await services.view(forGatehouseToken: token, refreshing: false, upstreams: upstreams) {
         case .fresh(let view):
             if token.hasPrefix(SessionServices.boundAccessPrefix),
                let refusal = await dpop.refusingBoundToken(request, token: token, scheme: scheme, boundThumbprint: view.dpopJKT) {

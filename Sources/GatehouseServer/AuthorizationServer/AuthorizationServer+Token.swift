@@ -5,7 +5,7 @@ import Hummingbird
 import Logging
 import NIOCore
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `POST /oauth/token` (RFC 6749 §4.1.3 and §6, RFC 7636 §4.5). Every answer is JSON with
     /// `Cache-Control: no-store`; every failure an RFC 6749 §5.2 error.
     /// `peer`: the connection's address, for the limits counted per client address.
@@ -30,15 +30,13 @@ extension Gatehouse {
             if client.dpop == .required, proof == nil {
                 throw .invalidDPoPProof("this app's token requests carry a DPoP proof (RFC 9449)")
             }
-            var instance: InstanceRecord?
-            if client.isInstance {
-                instance = try await liveInstance(client.clientID, proof: proof).0
-            }
-            try requireCertification(of: client, instance: instance)
+            let instances = client.isInstance ? try appInstances() : nil
+            let instance = try await instances?.liveInstance(client.clientID, proof: proof).0
+            try AppInstances.requireCertification(of: client, instance: instance)
             let binding = client.dpop == .off ? nil : proof?.thumbprint
             let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding,
                                           address: limits.clientAddress(peer: peer, headers: request.headers))
-            if let instance, let settings = client.instances { await touch(instance, settings: settings) }
+            if let instances, let instance, let settings = client.instances { await instances.touch(instance, settings: settings) }
             logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName),
                                                     "dpop": .stringConvertible(binding != nil)])
             return .oauthJSON(tokens)
@@ -69,10 +67,10 @@ extension Gatehouse {
             }
         case .refreshToken(_, let refreshToken, let scope):
             if let minter = upstream.minter {
-                return try await minter.refresh(refreshToken, clientID: client.clientID, sessions: try mintedSessions())
+                return try await minter.refresh(refreshToken, clientID: client.clientID, sessions: try sealedSessions().minted)
             }
             switch client.tokenExposure {
-            case .sealed: return try await rotateRefreshToken(refreshToken, client: client, binding: binding)
+            case .sealed: return try await sealedSessions().rotateRefreshToken(refreshToken, client: client, binding: binding)
             case .passthrough:
                 guard !SessionServices.isGatehouseToken(refreshToken) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
@@ -114,7 +112,7 @@ extension Gatehouse {
     private func exposed(_ signIn: SignIn, to client: AppClient, binding: String?) async throws(OAuthError) -> Data {
         if let minter = upstreams[client.upstream]?.minter {
             // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
-            return try await minter.signedIn(userinfo: signIn.userinfo, clientID: client.clientID, sessions: try mintedSessions())
+            return try await minter.signedIn(userinfo: signIn.userinfo, clientID: client.clientID, sessions: try sealedSessions().minted)
         }
         let tokens: Data
         switch client.tokenExposure {
@@ -122,7 +120,7 @@ extension Gatehouse {
             await passthrough.bind(signIn.tokens, to: client)
             tokens = signIn.tokens
         case .sealed:
-            tokens = try await beginSession(client: client, signIn: signIn, dpopJKT: binding)
+            tokens = try await sealedSessions().beginSession(client: client, signIn: signIn, dpopJKT: binding)
         }
         audit.record(.sign_in, clientID: client.clientID, subject: signIn.subject, metadata: [
             "upstream": .string(client.upstream), "token_exposure": .string(client.tokenExposure.rawValue),
@@ -178,27 +176,6 @@ extension Gatehouse {
         let grant = try await upstream.completeAuthorization(code: code, redirectURI: redirectURI, memo: transaction.memo,
                                                              appCodeVerifier: codeVerifier)
         return SignIn(tokens: grant.tokens?.json ?? Data("{}".utf8), userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
-    }
-}
-
-extension Gatehouse {
-    /// The whole body of a request to one of Gatehouse's own endpoints; `nil` when it is longer
-    /// than `server.max_body_bytes` (the caller answers 413).
-    func boundedBody(_ request: Request) async -> ByteBuffer? {
-        var request = request
-        return try? await request.collectBody(upTo: configuration.server.maximumBodyBytes)
-    }
-
-    /// 415 with an OAuth `invalid_request` unless the body is `application/x-www-form-urlencoded`
-    /// (RFC 6749 §3.2, RFC 7009 §2.1).
-    static func refusingNonFormBody(_ request: Request) -> Response? {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
-        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) != "application/x-www-form-urlencoded" else {
-            return nil
-        }
-        var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
-        response.status = .unsupportedMediaType
-        return response
     }
 }
 

@@ -5,7 +5,7 @@ import HTTPTypes
 import Hummingbird
 import Logging
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `GET /oauth/callback`: the upstream returns the browser here (callback mode). Gatehouse
     /// consumes the transaction, swaps the code with its secret and hands the app a one-time code.
     func callback(_ request: Request) async -> Response {
@@ -108,22 +108,10 @@ extension Gatehouse {
                                 codeChallenge: transaction.codeChallenge, upstream: transaction.upstream, tokenResponse: grant.tokens?.json ?? Data("{}".utf8),
                                 userinfo: grant.userinfo, appNonce: transaction.appNonce, subject: grant.subject)
         // An uncertified instance of an app that requires attestation waits here for an e-mailed code.
-        if let pause = await certificationPause(issued, appState: transaction.appState, request: request) { return pause }
-        return await redirectWithCode(issued, appState: transaction.appState)
-    }
-
-    /// Records a Gatehouse code for `issued` and sends the browser back to the app with it.
-    func redirectWithCode(_ issued: IssuedCode, appState: String) async -> Response {
-        let gatehouseCode = SecureToken.generate()
-        do {
-            try await store.insertCode(sealed: try issued.sealed(with: gatehouseCode), codeHash: SecureToken.hash(gatehouseCode),
-                                       expiresAt: expiry(after: configuration.server.codeLifetime))
-        } catch {
-            logger.error("store failed to record a code", metadata: ["error": .string(String(describing: type(of: error)))])
-            return .redirect(to: appRedirect(issued.redirectURI, error: .serverError("Gatehouse could not record the sign-in"), state: appState))
+        if let instances, let pause = await instances.certificationPause(issued, appState: transaction.appState, request: request) {
+            return pause
         }
-        logger.info("code issued to app", metadata: ["client_id": .string(issued.clientID)])
-        return .redirect(to: RedirectURI.appending([("code", gatehouseCode), ("state", appState), ("iss", issuer)], to: issued.redirectURI))
+        return await redirectWithCode(issued, appState: transaction.appState)
     }
 
     /// On a redirect only `server_error` and `temporarily_unavailable` describe a failed exchange (RFC 6749 §4.1.2.1).

@@ -6,7 +6,7 @@ import Hummingbird
 import Logging
 import NIOCore
 
-extension Gatehouse {
+extension AuthorizationServer {
     /// `POST /oauth/revoke` (RFC 7009): ends the session of a Gatehouse token, or revokes an
     /// upstream token at the upstream (passthrough). 200 whether or not the token was known
     /// (§2.2), so the answer says nothing about which tokens exist.
@@ -26,22 +26,22 @@ extension Gatehouse {
         guard let clientID = form["client_id"], let client = configuration.appClient(for: clientID) else {
             return .oauthError(.invalidClient("no app is registered with this client_id"))
         }
-        if let sessions, let minter = upstreams[client.upstream]?.minter {
+        if let sealed = sessions, let minter = upstreams[client.upstream]?.minter {
             // A minted refresh token ends its session; minted access tokens are JWTs that
             // nothing stores, valid until they expire (the kind's page in docs/ says so).
             let record: RefreshTokenRecord?
             let session: SessionRecord?
             do {
-                record = try await sessions.store.refreshToken(hash: minter.refreshTokenHash(token))
-                session = try await record.asyncFlatMap { try await sessions.store.session(id: $0.sessionID) }
+                record = try await sealed.services.store.refreshToken(hash: minter.refreshTokenHash(token))
+                session = try await record.asyncFlatMap { try await sealed.services.store.session(id: $0.sessionID) }
             } catch {
                 return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
             }
-            if let refused = await end(session, revokedBy: client, sessions: sessions) { return refused }
+            if let refused = await end(session, revokedBy: client, sessions: sealed) { return refused }
         } else if SessionServices.isGatehouseToken(token) {
             // Gatehouse's own token: never sent to an upstream, whatever happens.
-            guard let sessions else { return Self.revoked() }
-            if let refused = await end(await sessionOf(token, sessions: sessions), revokedBy: client, sessions: sessions) { return refused }
+            guard let sealed = sessions else { return Self.revoked() }
+            if let refused = await end(await sessionOf(token, sessions: sealed.services), revokedBy: client, sessions: sealed) { return refused }
         } else if let upstream = upstreams[client.upstream] {
             // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
             let owner: String?
@@ -59,7 +59,7 @@ extension Gatehouse {
             audit.record(.revoke, clientID: clientID, subject: nil, reason: "upstream_" + hint)
             // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
             let key = TokenKey(token: token, upstream: client.upstream)
-            relay?.cache.invalidate(key: key)
+            identityCache?.invalidate(key: key)
             await store.announce(.identity(key), logger: logger)
         }
         return Self.revoked()
@@ -73,10 +73,10 @@ extension Gatehouse {
 
     /// Ends `session` when it is `client`'s and live (logged and audited); a store failure is the
     /// answer, else `nil` (RFC 7009 §2.2: revoking what is not there, or not yours, is a success).
-    private func end(_ session: SessionRecord?, revokedBy client: AppClient, sessions: SessionServices) async -> Response? {
+    private func end(_ session: SessionRecord?, revokedBy client: AppClient, sessions: SealedSessions) async -> Response? {
         guard let session, session.clientID == client.clientID, session.isLive(at: now()) else { return nil }
         do {
-            try await endSession(session, sessions: sessions)
+            try await sessions.end(session)
         } catch {
             return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
         }

@@ -10,12 +10,12 @@ import NIOCore
 /// person its upstream vouched for, and its refresh-token family, rotated as every sealed
 /// session's is (`rotateFamily`).
 struct GatehouseMintedSessions: MintedSessions {
-    let gatehouse: Gatehouse
-    let sessions: SessionServices
+    let feature: SealedSessions
+    var sessions: SessionServices { feature.services }
 
-    var now: Date { gatehouse.now() }
-    var audit: AuditLog { gatehouse.audit }
-    var logger: Logger { gatehouse.logger }
+    var now: Date { feature.now() }
+    var audit: AuditLog { feature.audit }
+    var logger: Logger { feature.logger }
 
     func hasSession(subject: String, upstream: String) async throws -> Bool {
         try await sessions.store.sessions(subject: subject).contains { $0.upstream == upstream }
@@ -26,7 +26,7 @@ struct GatehouseMintedSessions: MintedSessions {
         let (keyID, sealed) = try sessions.settings.keyRing.seal(userinfo, associatedData: sessionID)
         try await sessions.store.insertSession(SessionRecord(
             id: sessionID, clientID: clientID, upstream: upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
-            upstreamExpiresAt: nil, createdAt: gatehouse.now(), expiresAt: expiresAt))
+            upstreamExpiresAt: nil, createdAt: feature.now(), expiresAt: expiresAt))
         return sessionID
     }
 
@@ -37,7 +37,7 @@ struct GatehouseMintedSessions: MintedSessions {
     func rotate(refreshToken: String, hash: String, clientID: String, upstream: String,
                 issue: (MintedRotation) async throws(OAuthError) -> MintedSuccessor) async throws(OAuthError) -> Data {
         let keyRing = sessions.settings.keyRing
-        return try await gatehouse.rotateFamily(refreshToken: refreshToken, hash: hash, clientID: clientID, sessions: sessions) {
+        return try await feature.rotateFamily(refreshToken: refreshToken, hash: hash, clientID: clientID, sessions: sessions) {
             session, record, now throws(OAuthError) in
             guard session.upstream == upstream,
                   let userinfo = try? keyRing.open(session.sealedTokens, keyID: session.keyID, associatedData: session.id) else {
@@ -45,36 +45,27 @@ struct GatehouseMintedSessions: MintedSessions {
             }
             let successor = try await issue(MintedRotation(sessionID: session.id, sessionExpiresAt: session.expiresAt, userinfo: userinfo,
                                                            refreshTokenExpiresAt: record.expiresAt, now: now))
-            return Gatehouse.RotationSuccessor(body: successor.body, accessHash: nil, refreshHash: successor.refreshHash,
+            return SealedSessions.RotationSuccessor(body: successor.body, accessHash: nil, refreshHash: successor.refreshHash,
                                                replacesToken: successor.replacesToken)
         }
     }
 
     func insertOnce(kind: String, keyHash: String, expiresAt: Date) async throws -> Bool {
-        try await gatehouse.store.insertOnce(kind: kind, keyHash: keyHash, value: Data(), expiresAt: expiresAt, now: gatehouse.now())
+        try await feature.store.insertOnce(kind: kind, keyHash: keyHash, value: Data(), expiresAt: expiresAt, now: feature.now())
     }
 }
 
-extension Gatehouse {
+extension SealedSessions {
     /// The sealed sessions a minting kind keeps its people in.
-    func mintedSessions() throws(OAuthError) -> GatehouseMintedSessions {
-        guard let sessions else { throw .serverError("sealed sessions are not configured") }
-        return GatehouseMintedSessions(gatehouse: self, sessions: sessions)
-    }
+    var minted: GatehouseMintedSessions { GatehouseMintedSessions(feature: self) }
 
     /// `POST {path}` of a kind's own app face (`AppRoute`): the body read up to `server.max_body_bytes`,
     /// the client's address resolved as `rate_limits` does, the answer JSON and never cached.
     func appRoute(_ route: AppRoute, request: Request, peer: String?) async -> Response {
-        let sessions: GatehouseMintedSessions
-        do throws(OAuthError) {
-            sessions = try mintedSessions()
-        } catch {
-            return .problem(.storeUnavailable(), for: request)
-        }
         let body = await boundedBody(request)
         let answer = await route.handle(AppRequest(
             contentType: request.headers[.contentType], body: body.map { Data($0.readableBytesView) },
-            limit: configuration.server.maximumBodyBytes, clientAddress: limits.clientAddress(peer: peer, headers: request.headers)), sessions)
+            limit: configuration.server.maximumBodyBytes, clientAddress: limits.clientAddress(peer: peer, headers: request.headers)), minted)
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "no-store"

@@ -14,7 +14,7 @@ struct PendingCertification: Codable {
     let maskedEmail: String
 }
 
-extension Gatehouse {
+extension AppInstances {
     static let certificationLifetime: TimeInterval = 600
     static let certificationAttempts = 5
     private static let certificationPurpose = "gatehouse certification v1"

@@ -1,0 +1,30 @@
+import GatehouseCore
+import GatehouseRelay
+
+/// The standard OAuth 2.0 authorization server apps see (RFC 6749, RFC 7636, RFC 8252): authorize,
+/// the upstream's way back, token, revocation (RFC 7009), discovery (RFC 8414, OpenID), the key
+/// set, and RP-Initiated Logout. It asks the upstream's profile for everything kind-specific, and
+/// hands a sign-in to sealed sessions or to a minting kind when the app's configuration says so.
+struct AuthorizationServer: GatehouseFeature {
+    let context: GatehouseContext
+    /// Sealed sessions, when configured: a sealed app's tokens, and a minting kind's.
+    let sessions: SealedSessions?
+    /// App instances, when an app has them: their grants are checked against their registration.
+    let instances: AppInstances?
+    /// The relay's identity cache, when routes are configured: a revoked upstream token's identity is dropped from it.
+    let identityCache: IdentityCache?
+
+    /// Sealed sessions for an app whose configuration needs them (the configuration guarantees
+    /// them: a sealed app is refused without a `sessions` section).
+    func sealedSessions() throws(OAuthError) -> SealedSessions {
+        guard let sessions else { throw .serverError("sealed sessions are not configured") }
+        return sessions
+    }
+
+    /// App instances for a client that is one (the configuration guarantees them: an instance's
+    /// client id names an app with `instances`).
+    func appInstances() throws(OAuthError) -> AppInstances {
+        guard let instances else { throw .invalidClient("client_id names no registered app instance") }
+        return instances
+    }
+}
