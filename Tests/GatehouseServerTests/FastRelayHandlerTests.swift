@@ -273,6 +273,18 @@ struct FastRelayHandlerTests {
         }
     }
 
+    /// A client pipelining more parts than the queue behind a fast exchange holds is closed.
+    @Test func tooManyPipelinedPartsCloseTheConnection() throws {
+        let harness = try Harness()
+        try harness.request("/fast/1")
+        for index in 0..<(FastRelayHandler.maximumQueuedParts / 2) { try harness.request("/fast/q\(index)") }
+        #expect(harness.app.isActive)
+        let over = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/fast/over", headers: ["Host": "g"])
+        try harness.app.writeInbound(HTTPServerRequestPart.head(over))
+        #expect(!harness.app.isActive)
+        #expect(try harness.passedOn().isEmpty)
+    }
+
     /// The pool hands out the connection used last, only within the age asked for, and its sweep
     /// closes connections idle past the pool's idle timeout.
     @Test func pooledConnectionsAgeOut() throws {
