@@ -4,6 +4,7 @@ public import GatehouseCore
 public import GatehouseUpstreams
 public import Logging
 public import GatehouseRelay
+public import GatehouseSessions
 
 /// The decisions behind Gatehouse's endpoints, with everything they need handed in:
 /// configuration, store, one client per upstream, a clock and a logger.
