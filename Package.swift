@@ -44,7 +44,6 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: upcoming
@@ -55,7 +54,6 @@ let package = Package(
             name: "GatehouseAttestation",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
@@ -66,7 +64,6 @@ let package = Package(
             dependencies: [
                 "GatehouseCore",
                 .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "SQLiteNIO", package: "sqlite-nio"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -97,13 +94,23 @@ let package = Package(
             dependencies: [
                 "GatehouseCore",
                 .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 "GatehouseUpstreams",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            // Sealed sessions and passthrough refreshes: the sessions behind Gatehouse's own tokens,
+            // the upstream refresh that cannot race, revocations told to the other instances. No HTTP server.
+            name: "GatehouseSessions",
+            dependencies: [
+                "GatehouseCore",
+                "GatehouseUpstreams",
+                "GatehouseRelay",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: upcoming
@@ -115,6 +122,7 @@ let package = Package(
                 "GatehouseStore",
                 "GatehouseUpstreams",
                 "GatehouseRelay",
+                "GatehouseSessions",
                 "GatehouseAttestation",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -140,6 +148,7 @@ let package = Package(
             name: "gatehouse",
             dependencies: [
                 "GatehouseServer",
+                "GatehouseSessions",
                 "GatehouseCore",
                 "GatehouseRelay",
                 "GatehouseStore",
@@ -155,7 +164,6 @@ let package = Package(
             dependencies: [
                 "GatehouseCore", "GatehouseUpstreams",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "_CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: upcoming
         ),
@@ -164,9 +172,6 @@ let package = Package(
             dependencies: [
                 "GatehouseAttestation",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "_CryptoExtras", package: "swift-crypto"),
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
             swiftSettings: upcoming
         ),
@@ -174,10 +179,8 @@ let package = Package(
             name: "GatehouseRelayTests",
             dependencies: [
                 "GatehouseRelay", "GatehouseCore", .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
             ],
             swiftSettings: upcoming
         ),
@@ -191,7 +194,6 @@ let package = Package(
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -203,11 +205,11 @@ let package = Package(
             name: "GatehouseServerTests",
             dependencies: [
                 "GatehouseServer",
+                "GatehouseSessions",
                 "GatehouseStore",
                 "GatehouseCore",
                 "GatehouseUpstreams",
                 "GatehouseRelay",
-                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -218,6 +220,22 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseSessionsTests",
+            dependencies: ["GatehouseSessions"],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            // One store contract, run on SQLite and, when GATEHOUSE_TEST_POSTGRES names a server, PostgreSQL.
+            name: "GatehouseStoreTests",
+            dependencies: [
+                "GatehouseStore",
+                "GatehouseCore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: upcoming
         ),

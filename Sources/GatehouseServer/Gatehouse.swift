@@ -3,6 +3,7 @@ public import GatehouseCore
 public import GatehouseUpstreams
 public import Logging
 public import GatehouseRelay
+public import GatehouseSessions
 
 /// Gatehouse, assembled: the context every feature shares and the features the configuration
 /// asks for, each built only when configured and owning its routes (`GatehouseApplication.endpoints`):

@@ -2,6 +2,7 @@ public import AsyncHTTPClient
 import Foundation
 public import GatehouseCore
 public import GatehouseRelay
+import GatehouseSessions
 import GatehouseStore
 public import GatehouseUpstreams
 public import Hummingbird

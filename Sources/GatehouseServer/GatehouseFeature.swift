@@ -1,5 +1,6 @@
 import Foundation
 import GatehouseCore
+import GatehouseSessions
 import GatehouseRelay
 import GatehouseUpstreams
 import Hummingbird

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import GatehouseCore
 import GatehouseServer
+import GatehouseSessions
 import GatehouseStore
 import Logging
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import GatehouseCore
 import GatehouseServer
+import GatehouseSessions
 import Logging
 
 struct Instances: AsyncParsableCommand {

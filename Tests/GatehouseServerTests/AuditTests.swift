@@ -1,6 +1,7 @@
 import Foundation
 import GatehouseCore
 @testable import GatehouseServer
+import GatehouseSessions
 import GatehouseUpstreams
 import HTTPTypes
 import HummingbirdTesting

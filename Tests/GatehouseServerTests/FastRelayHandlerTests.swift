@@ -3,6 +3,7 @@ import GatehouseCore
 import GatehouseRelay
 import GatehouseUpstreams
 @testable import GatehouseServer
+@testable import GatehouseSessions
 import Logging
 import NIOCore
 import NIOEmbedded

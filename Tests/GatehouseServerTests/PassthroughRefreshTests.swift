@@ -1,6 +1,7 @@
 import Foundation
 import GatehouseCore
 @testable import GatehouseServer
+import GatehouseSessions
 import GatehouseStore
 import GatehouseUpstreams
 import HTTPTypes

@@ -1,6 +1,7 @@
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseSessions
 import GatehouseUpstreams
 import Hummingbird
 import Logging

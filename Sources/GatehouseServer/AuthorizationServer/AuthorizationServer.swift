@@ -1,4 +1,5 @@
 import GatehouseCore
+import GatehouseSessions
 import GatehouseRelay
 
 /// The standard OAuth 2.0 authorization server apps see (RFC 6749, RFC 7636, RFC 8252): authorize,

@@ -1,5 +1,6 @@
 import GatehouseCore
 import GatehouseRelay
+import GatehouseSessions
 import Hummingbird
 import HTTPTypes
 import Tracing

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseSessions
 import GatehouseUpstreams
 import Hummingbird
 import HTTPTypes

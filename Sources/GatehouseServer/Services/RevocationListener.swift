@@ -1,47 +1,10 @@
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseSessions
 import GatehouseStore
 import Logging
 import ServiceLifecycle
-
-/// What one instance tells the others when it revokes something (PostgreSQL `NOTIFY` payloads).
-/// Neither carries a token: a session id, and the identity cache's key (a SHA-256).
-enum RevocationMessage: Equatable {
-    /// Drop the in-memory view of this session.
-    case session(String)
-    /// Drop this identity-cache entry.
-    case identity(TokenKey)
-
-    var text: String {
-        switch self {
-        case .session(let id): "session " + id
-        case .identity(let key): "identity " + key.hex
-        }
-    }
-
-    init?(_ text: String) {
-        let parts = text.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2 else { return nil }
-        switch parts[0] {
-        case "session": self = .session(String(parts[1]))
-        case "identity":
-            guard let key = TokenKey(hex: parts[1]) else { return nil }
-            self = .identity(key)
-        default: return nil
-        }
-    }
-}
-
-extension RevocationAnnouncer {
-    /// Tells the other instances; when it cannot, they stop honouring the revocation when their
-    /// cached views expire (at most 10 s), so a failure is logged, not thrown.
-    func announce(_ message: RevocationMessage, logger: Logger) async {
-        do { try await announceRevocation(message.text) } catch {
-            logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
-        }
-    }
-}
 
 /// Listens for other instances' revocations and drops what this instance caches about them, so
 /// a session revoked on instance A stops working on instance B within milliseconds instead of

@@ -1,5 +1,6 @@
 import Foundation
 import GatehouseCore
+import GatehouseSessions
 import GatehouseUpstreams
 import HTTPTypes
 import Hummingbird

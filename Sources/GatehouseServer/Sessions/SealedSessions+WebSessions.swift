@@ -1,6 +1,7 @@
 import Foundation
 import GatehouseCore
 import GatehouseRelay
+import GatehouseSessions
 import HTTPTypes
 import Hummingbird
 import Logging

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import GatehouseCore
 import GatehouseServer
+import GatehouseSessions
 import GatehouseStore
 import GatehouseUpstreams
 import Hummingbird

@@ -9,22 +9,22 @@ import Synchronization
 /// upstream refresh that cannot race.
 public final class SessionServices: Sendable {
     /// Prefixes of Gatehouse's own tokens: the relay tells them from upstream tokens at a glance.
-    static let accessPrefix = "gha_"
-    static let refreshPrefix = "ghr_"
+    package static let accessPrefix = "gha_"
+    package static let refreshPrefix = "ghr_"
     /// An access token bound to the app's DPoP key (RFC 9449): only `Authorization: DPoP` with a proof.
-    static let boundAccessPrefix = "ghd_"
+    package static let boundAccessPrefix = "ghd_"
     /// The web-session cookie `/session` sets: only in the `__Host-gatehouse-session` cookie.
-    static let cookiePrefix = "ghc_"
+    package static let cookiePrefix = "ghc_"
     /// The cookie that carries a web session (webviews, `/session`).
-    static let sessionCookieName = "__Host-gatehouse-session"
+    package static let sessionCookieName = "__Host-gatehouse-session"
 
     /// Whether `token` is one of Gatehouse's access tokens: bearer, DPoP-bound, or web-session cookie.
-    static func isAccessToken(_ token: String) -> Bool {
+    package static func isAccessToken(_ token: String) -> Bool {
         token.hasPrefix(accessPrefix) || token.hasPrefix(boundAccessPrefix) || token.hasPrefix(cookiePrefix)
     }
 
     /// Whether `token` is any of Gatehouse's own tokens (never to be sent to an upstream).
-    static func isGatehouseToken(_ token: String) -> Bool {
+    package static func isGatehouseToken(_ token: String) -> Bool {
         isAccessToken(token) || token.hasPrefix(refreshPrefix)
     }
 
@@ -32,7 +32,7 @@ public final class SessionServices: Sendable {
     public let settings: SessionSettings
     let instanceID: String
     let logger: Logger
-    let views = SessionViewCache()
+    package let views = SessionViewCache()
     let now: @Sendable () -> Date
     private let refreshes = Coalescer<RefreshOutcome>()
     /// Upstreams whose profile cannot refresh: their sessions live on Gatehouse's
@@ -50,17 +50,17 @@ public final class SessionServices: Sendable {
     }
 
     /// What the upstream token response of a session says, opened.
-    struct SessionView: Sendable {
-        let sessionID: String
-        let upstream: String
-        let clientID: String
-        let version: Int
-        let tokens: UpstreamTokenResponse
-        let upstreamExpiresAt: Date?
+    package struct SessionView: Sendable {
+        package let sessionID: String
+        package let upstream: String
+        package let clientID: String
+        package let version: Int
+        package let tokens: UpstreamTokenResponse
+        package let upstreamExpiresAt: Date?
         /// The userinfo verified at sign-in, exactly as the upstream gave it (OpenID Connect upstreams).
-        var userinfo: Data? = nil
+        package var userinfo: Data? = nil
         /// The thumbprint of the DPoP key the session's tokens are bound to (RFC 9449 `cnf.jkt`).
-        var dpopJKT: String? = nil
+        package var dpopJKT: String? = nil
     }
 
     /// The member of a session's sealed document that keeps the verified userinfo (as a string,
@@ -69,14 +69,14 @@ public final class SessionServices: Sendable {
 
     /// What a session seals: the upstream's token response, plus the verified userinfo.
     /// The member is Gatehouse's alone: an upstream that sends one has it dropped.
-    static func sessionDocument(tokens: Data, userinfo: Data?) throws -> Data {
+    package static func sessionDocument(tokens: Data, userinfo: Data?) throws -> Data {
         guard var object = try JSONSerialization.jsonObject(with: tokens) as? [String: Any] else { return tokens }
         guard userinfo != nil || object[userinfoMember] != nil else { return tokens }
         object[userinfoMember] = userinfo.map { String(decoding: $0, as: UTF8.self) }
         return try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
     }
 
-    enum RefreshOutcome: Sendable {
+    package enum RefreshOutcome: Sendable {
         case fresh(SessionView)
         /// The upstream said `invalid_grant`, or the session is gone: sign in again.
         case ended
@@ -85,7 +85,7 @@ public final class SessionServices: Sendable {
         case unavailable(retryAfter: Int? = nil)
     }
 
-    func open(_ session: SessionRecord) throws -> SessionView {
+    package func open(_ session: SessionRecord) throws -> SessionView {
         let json = try settings.keyRing.open(session.sealedTokens, keyID: session.keyID, associatedData: session.id)
         let userinfo = ((try? JSONSerialization.jsonObject(with: json)) as? [String: Any])?[Self.userinfoMember] as? String
         return SessionView(sessionID: session.id, upstream: session.upstream, clientID: session.clientID, version: session.version,
@@ -96,7 +96,7 @@ public final class SessionServices: Sendable {
     /// Due within min(`upstream_refresh_skew`, half the token's lifetime) of its expiry (`RefreshSchedule`).
     /// Never for an upstream that cannot refresh, nor for a session with no refresh token (its
     /// upstream access token simply runs out; the session lives on Gatehouse's own lifetimes).
-    func needsRefresh(_ view: SessionView, now: Date) -> Bool {
+    package func needsRefresh(_ view: SessionView, now: Date) -> Bool {
         view.tokens.refreshToken != nil && !nonRefreshingUpstreams.contains(view.upstream) && RefreshSchedule.isDue(expiresAt: view.upstreamExpiresAt, lifetime: view.tokens.expiresIn.map(Double.init),
                               skew: settings.upstreamRefreshSkew, now: now)
     }
@@ -104,17 +104,17 @@ public final class SessionServices: Sendable {
     /// The upstream access token behind a Gatehouse access token, refreshed first when it is
     /// about to expire. One refresh per session at a time: coalesced here, leased in the store.
     /// Whether the session behind a Gatehouse access token was opened lately (no store query to find it).
-    func hasOpenView(forGatehouseToken token: String) -> Bool {
+    package func hasOpenView(forGatehouseToken token: String) -> Bool {
         views.get(SecureToken.hash(token), now: now()) != nil
     }
 
-    func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+    package func upstreamAccessToken(forGatehouseToken token: String, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         await view(forGatehouseToken: token, refreshing: true, upstreams: upstreams)
     }
 
     /// The opened session behind a Gatehouse access token; refreshed first when `refreshing`
     /// and due, else as it is (`/userinfo` reads what was verified at sign-in, nothing upstream).
-    func view(forGatehouseToken token: String, refreshing: Bool, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+    package func view(forGatehouseToken token: String, refreshing: Bool, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         let hash = SecureToken.hash(token)
         let now = self.now()
         if let cached = views.get(hash, now: now), !refreshing || !needsRefresh(cached, now: now) { return .fresh(cached) }
@@ -137,7 +137,7 @@ public final class SessionServices: Sendable {
 
     /// Refreshes a session's upstream tokens once, however many ask at the same time.
     /// Counted in `gatehouse_refreshes_total`: whoever waited for this process's refresh is `coalesced`.
-    func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
+    package func refresh(sessionID: String, knownVersion: Int, upstreams: [String: any UpstreamProfile]) async -> RefreshOutcome {
         let (outcome, joined) = await refreshes.run(sessionID) {
             await self.performRefresh(sessionID: sessionID, knownVersion: knownVersion, upstreams: upstreams)
         }
@@ -299,7 +299,7 @@ public final class SessionServices: Sendable {
 /// Gatehouse access token (hash) → opened session, for a few seconds: the relay does not read
 /// the store on every request. Revocation drops entries here at once; other instances stop
 /// honouring a revoked token when their entry expires (at most 10 s).
-final class SessionViewCache: Sendable {
+package final class SessionViewCache: Sendable {
     private struct Entry {
         let view: SessionServices.SessionView
         let until: Date
@@ -321,7 +321,7 @@ final class SessionViewCache: Sendable {
     private let capacity = 100_000
 
     /// The current value of the change counter (read it before `get`, to keep what `get` gave).
-    var generation: UInt64 { changes.load(ordering: .acquiring) }
+    package var generation: UInt64 { changes.load(ordering: .acquiring) }
 
     private func changed() {
         changes.wrappingAdd(1, ordering: .releasing)
@@ -334,7 +334,7 @@ final class SessionViewCache: Sendable {
     }
 
     /// The cached view and until when it may be used.
-    func entry(_ hash: String, now: Date) -> (view: SessionServices.SessionView, until: Date)? {
+    package func entry(_ hash: String, now: Date) -> (view: SessionServices.SessionView, until: Date)? {
         state.withLock { state in
             guard let entry = state.entries[hash] else { return nil }
             guard entry.until > now else {
@@ -361,7 +361,7 @@ final class SessionViewCache: Sendable {
     }
 
     /// Drops a session's views; `revoked` keeps it out of the cache for `entryLifetime`.
-    func dropSession(_ sessionID: String, revoked: Bool = true, now: Date = Date()) {
+    package func dropSession(_ sessionID: String, revoked: Bool = true, now: Date = Date()) {
         state.withLock { state in
             for hash in state.bySession.removeValue(forKey: sessionID) ?? [] { state.entries[hash] = nil }
             changed()

@@ -1,7 +1,7 @@
-import Foundation
-import GatehouseCore
-import GatehouseUpstreams
-import Logging
+package import Foundation
+package import GatehouseCore
+package import GatehouseUpstreams
+package import Logging
 
 /// Refreshes for passthrough apps (the app holds the upstream's tokens) that cannot race.
 ///
@@ -10,7 +10,7 @@ import Logging
 /// answer is stored sealed under a key derived from the old token, so every caller within
 /// `sessions.refresh_grace` gets the same pair and the store never holds a usable token; after
 /// the window a spent token is `invalid_grant`, as the upstream would say.
-final class PassthroughRefresher: Sendable {
+package final class PassthroughRefresher: Sendable {
     let store: any PassthroughTokenStore
     let grace: Duration
     /// How long the binding of a refresh token to its app is kept (the upstream does not say).
@@ -25,8 +25,8 @@ final class PassthroughRefresher: Sendable {
     /// sessions' refreshes too).
     static let waitLimit: Double = 10
 
-    init(store: any PassthroughTokenStore, configuration: GatehouseConfiguration, now: @escaping @Sendable () -> Date, logger: Logger,
-         audit: AuditLog = AuditLog()) {
+    package init(store: any PassthroughTokenStore, configuration: GatehouseConfiguration, now: @escaping @Sendable () -> Date, logger: Logger,
+                 audit: AuditLog = AuditLog()) {
         self.store = store
         self.audit = audit
         self.grace = configuration.sessions?.refreshGrace ?? .seconds(30)
@@ -36,7 +36,7 @@ final class PassthroughRefresher: Sendable {
     }
 
     /// Records which app the tokens of an upstream token response went to.
-    func bind(_ response: Data, to client: AppClient) async {
+    package func bind(_ response: Data, to client: AppClient) async {
         guard let tokens = try? UpstreamTokenResponse(body: response) else { return }
         let at = now()
         var bindings = [(hash: SecureToken.hash(tokens.accessToken.reveal()),
@@ -52,14 +52,14 @@ final class PassthroughRefresher: Sendable {
     }
 
     /// The app it was handed to, when Gatehouse recorded one.
-    func owner(of token: String) async throws -> String? {
+    package func owner(of token: String) async throws -> String? {
         try await store.passthroughToken(hash: SecureToken.hash(token))?.clientID
     }
 
     /// `admitUnknown` decides, before any upstream call, whether a token Gatehouse has no record
     /// of may be sent on (it throws when not): the record read here says which tokens those are.
-    func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile,
-                 admitUnknown: @escaping @Sendable () throws(OAuthError) -> Void = {}) async throws(OAuthError) -> Data {
+    package func refresh(_ token: String, scope: String?, client: AppClient, upstream: any UpstreamProfile,
+                         admitUnknown: @escaping @Sendable () throws(OAuthError) -> Void = {}) async throws(OAuthError) -> Data {
         let key = SecureToken.hash(token) + " " + client.clientID + " " + (scope ?? "")
         let (result, joined) = await refreshes.run(key) { () async -> Result<Data, OAuthError> in
             var counted = GatehouseMetrics.RefreshOutcome.failed

@@ -1,5 +1,5 @@
 import Foundation
-@testable import GatehouseServer
+@testable import GatehouseSessions
 import Testing
 
 /// What a sealed session keeps: the upstream's token response, and the verified userinfo under a
