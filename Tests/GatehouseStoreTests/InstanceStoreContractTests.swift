@@ -3,7 +3,7 @@ import GatehouseCore
 import GatehouseStore
 import Testing
 
-/// Issue 13's store contract, on SQLite and PostgreSQL alike: instances (liveness, certification,
+/// The store contract of app instances, on SQLite and PostgreSQL alike: instances (liveness, certification,
 /// the App Attest counter's compare-and-set), single-use values, paused certifications, and the
 /// DPoP key of a session.
 struct InstanceStoreContractTests {

@@ -3,8 +3,7 @@ import Hummingbird
 
 /// Sends requests under a configured route prefix to the relay; everything else goes on to
 /// the router (where anything unknown is a 404, never relayed).
-struct RelayMiddleware: RouterMiddleware {
-    typealias Context = GatehouseRequestContext
+struct RelayMiddleware<Context: GatehouseRequestContextProtocol>: RouterMiddleware {
     let holder: GatehouseHolder
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {

@@ -20,8 +20,7 @@ import Tracing
 ///
 /// The log line holds the method, the path and the status: never the query string, which
 /// carries codes and states, nor any header. Span attributes hold the route label, never the path.
-struct RequestLogMiddleware: RouterMiddleware {
-    typealias Context = GatehouseRequestContext
+struct RequestLogMiddleware<Context: GatehouseRequestContextProtocol>: RouterMiddleware {
     let logger: Logger
     /// Gatehouse's own endpoints and their methods (their paths are route labels).
     let routes: [String: [HTTPRequest.Method]]

@@ -13,8 +13,7 @@ import NIOCore
 /// the same bytes: one place decides every `/oauth/*` limit, before the store or an upstream
 /// is touched. Only registered client ids are counted: unknown ones are refused by the routes
 /// anyway, and must not push real apps' buckets out of the limiter.
-struct RateLimitMiddleware: RouterMiddleware {
-    typealias Context = GatehouseRequestContext
+struct RateLimitMiddleware<Context: GatehouseRequestContextProtocol>: RouterMiddleware {
     let holder: GatehouseHolder
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {

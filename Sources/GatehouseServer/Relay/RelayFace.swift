@@ -29,7 +29,7 @@ extension RelayFace {
     /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): the general path. The same admission
     /// as the fast path (`RelayAdmission`), then the token (sealed sessions refreshed when due),
     /// the caller resolved once (cached), the route's rule, and the relay to the backend, streaming.
-    func serve(_ request: Request, context: GatehouseRequestContext, route: RouteSettings) async -> Response {
+    func serve<Context: GatehouseRequestContextProtocol>(_ request: Request, context: Context, route: RouteSettings) async -> Response {
         let relay = services
         guard let identitySettings = configuration.upstreams[route.upstream]?.identity,
               let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
