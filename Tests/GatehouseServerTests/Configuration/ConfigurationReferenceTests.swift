@@ -12,6 +12,7 @@ import Testing
 /// reaches it, so the fixtures cannot quietly fall behind the decoder.
 struct ConfigurationReferenceTests {
     static let root = URL(filePath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
 
     /// The keys of the reference: the first cell of every row of a table headed `key`.
     static func documentedKeys() throws -> Set<String> {
