@@ -67,11 +67,11 @@ extension AuthorizationServer {
                 return try await exposed(signIn, to: client, binding: binding)
             }
         case .refreshToken(_, let refreshToken, let scope):
-            if let minter = upstream.minter {
-                return try await minter.refresh(refreshToken, clientID: client.clientID, sessions: try sealedSessions().minted)
-            }
-            switch client.tokenExposure {
-            case .sealed: return try await sealedSessions().rotateRefreshToken(refreshToken, client: client, binding: binding)
+            switch try appTokens(for: client) {
+            case .minted(let minter, let sessions):
+                return try await minter.refresh(refreshToken, clientID: client.clientID, sessions: sessions.minted)
+            case .sealed(let sessions):
+                return try await sessions.rotateRefreshToken(refreshToken, client: client, binding: binding)
             case .passthrough:
                 guard !SessionServices.isGatehouseToken(refreshToken) else {
                     throw .invalidGrant("the refresh token is invalid, expired or revoked")
@@ -111,17 +111,16 @@ extension AuthorizationServer {
 
     /// The upstream's tokens as the client's `token_exposure` says: as they are, or sealed behind Gatehouse's pair.
     private func exposed(_ signIn: SignIn, to client: AppClient, binding: String?) async throws(OAuthError) -> Data {
-        if let minter = upstreams[client.upstream]?.minter {
-            // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
-            return try await minter.signedIn(userinfo: signIn.userinfo, clientID: client.clientID, sessions: try sealedSessions().minted)
-        }
         let tokens: Data
-        switch client.tokenExposure {
+        switch try appTokens(for: client) {
+        case .minted(let minter, let sessions):
+            // Gatehouse mints this app's tokens: the sign-in proved who it is, nothing more.
+            return try await minter.signedIn(userinfo: signIn.userinfo, clientID: client.clientID, sessions: sessions.minted)
         case .passthrough:
             await passthrough.bind(signIn.tokens, to: client)
             tokens = signIn.tokens
-        case .sealed:
-            tokens = try await sealedSessions().beginSession(client: client, signIn: signIn, dpopJKT: binding)
+        case .sealed(let sessions):
+            tokens = try await sessions.beginSession(client: client, signIn: signIn, dpopJKT: binding)
         }
         audit.record(.sign_in, clientID: client.clientID, subject: signIn.subject, metadata: [
             "upstream": .string(client.upstream), "token_exposure": .string(client.tokenExposure.rawValue),

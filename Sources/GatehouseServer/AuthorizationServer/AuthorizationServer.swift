@@ -1,5 +1,6 @@
 import GatehouseCore
 import GatehouseSessions
+import GatehouseUpstreams
 import GatehouseRelay
 
 /// The standard OAuth 2.0 authorization server apps see (RFC 6749, RFC 7636, RFC 8252): authorize,
@@ -27,5 +28,27 @@ struct AuthorizationServer: GatehouseFeature {
     func appInstances() throws(OAuthError) -> AppInstances {
         guard let instances else { throw .invalidClient("client_id names no registered app instance") }
         return instances
+    }
+}
+
+/// How an app's tokens are made, resolved once per request from the app's configuration and its
+/// upstream's profile: the upstream's tokens as they are (passthrough), Gatehouse's pair over a
+/// sealed session, or the tokens the upstream's kind mints. The token, revoke and logout routes
+/// switch over this once instead of testing the client's settings and the profile each time.
+enum AppTokens {
+    case passthrough
+    case sealed(SealedSessions)
+    case minted(any TokenMinter, SealedSessions)
+}
+
+extension AuthorizationServer {
+    /// `client`'s way of making tokens. A sealed or minting app without sealed sessions cannot be
+    /// configured (the configuration is refused); were it to happen, the request fails as a server error.
+    func appTokens(for client: AppClient) throws(OAuthError) -> AppTokens {
+        if let minter = upstreams[client.upstream]?.minter { return .minted(minter, try sealedSessions()) }
+        switch client.tokenExposure {
+        case .passthrough: return .passthrough
+        case .sealed: return .sealed(try sealedSessions())
+        }
     }
 }
