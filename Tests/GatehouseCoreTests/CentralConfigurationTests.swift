@@ -56,6 +56,22 @@ struct CentralConfigurationTests {
         #expect(upstream.identity?.attributePaths["email"] == "/data/email")
     }
 
+    /// The kind's attributes are the default of `identity: {kind: gatehouse}`; an explicit
+    /// `attributes` mapping, even an empty one, is the operator's choice and is kept.
+    @Test func gatehouseIdentityTakesTheKindsAttributesUnlessTheConfigurationNamesItsOwn() throws {
+        let named = try GatehouseConfiguration.decode(Self.document(upstream: [("identity", Self.m([("kind", Self.s("gatehouse"))]))]),
+                                                      secrets: Self.secrets)
+        #expect(named.upstreams["tasquito"]?.identity?.attributePaths["email"] == "/data/email")
+        let none = try GatehouseConfiguration.decode(Self.document(upstream: [("identity", Self.m([
+            ("kind", Self.s("gatehouse")), ("attributes", Self.m([])),
+        ]))]), secrets: Self.secrets)
+        #expect(none.upstreams["tasquito"]?.identity?.attributePaths.isEmpty == true)
+        let own = try GatehouseConfiguration.decode(Self.document(upstream: [("identity", Self.m([
+            ("kind", Self.s("gatehouse")), ("attributes", Self.m([("mail", Self.s("/data/email"))])),
+        ]))]), secrets: Self.secrets)
+        #expect(own.upstreams["tasquito"]?.identity?.attributePaths == ["mail": "/data/email"])
+    }
+
     @Test func anAPIBaseWhosePathCannotBeSignedAsWrittenIsRefused() {
         for base in ["https://www.broccoliapps.com/api?x=1", "https://www.broccoliapps.com/a%70i", "https://www.broccoliapps.com/ap i",
                      "https://www.broccoliapps.com//api"] {

@@ -206,6 +206,12 @@ extension GatehouseConfiguration {
         return nil
     }
 
+    /// Whether an `identity` mapping has an `attributes` key.
+    private static func namesAttributes(_ identity: ConfigNode?) -> Bool {
+        guard case .mapping(let entries, _)? = identity else { return false }
+        return entries.contains { $0.key == "attributes" }
+    }
+
     /// The kinds that do something, as an error message lists them: "a, b or c".
     private static func kindNames(_ kinds: [String: UpstreamKindDecoder], where test: (UpstreamKindDecoder) -> Bool) -> String {
         let names = kinds.filter { test($0.value) }.keys.sorted()
@@ -236,8 +242,8 @@ extension GatehouseConfiguration {
         let scopes = map.stringList("scopes") ?? kind?.defaultScopes ?? []
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
         var identity = map.mapping("identity").flatMap(decodeIdentity) ?? kind?.defaultIdentity
-        if identity?.kind == .gatehouse, identity?.attributePaths.isEmpty == true {
-            // The attributes of the kind's own tokens, unless the configuration names others.
+        if identity?.kind == .gatehouse, !Self.namesAttributes(map.value("identity")) {
+            // The attributes of the kind's own tokens, unless the configuration names some (or none: `attributes: {}`).
             identity?.attributePaths = kind?.defaultIdentity?.attributePaths ?? [:]
         }
         if identity?.kind == .session, kind?.keepsIdentity == false {
