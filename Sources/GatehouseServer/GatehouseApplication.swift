@@ -83,7 +83,7 @@ public enum GatehouseApplication {
             }
         }
         // App instances: their endpoints are known from the start, since a reload may add the first
-        // app with `instances`; while none has them, they answer as unknown paths do.
+        // app with `instances`; while none has them, a POST to them is answered 404.
         endpoints += [
             Endpoint(.post, "/oauth/register") { request, context, gatehouse in
                 await gatehouse.appInstances.answer(request) { await $0.register(request, peer: context.remoteAddress) }

@@ -53,8 +53,7 @@ extension GatehouseFeature {
 }
 
 extension Optional where Wrapped: GatehouseFeature {
-    /// The feature's answer, or a 404 problem when it is not configured: an unconfigured feature's
-    /// endpoints answer as paths Gatehouse does not have.
+    /// The feature's answer, or a 404 `not_found` problem when the feature is not configured.
     func answer(_ request: Request, _ body: (Wrapped) async -> Response) async -> Response {
         guard let feature = self else { return .problem(.notFound(), for: request) }
         return await body(feature)
