@@ -1,4 +1,3 @@
-import Foundation
 import GatehouseCore
 import Hummingbird
 import Logging
@@ -17,10 +16,7 @@ extension GatehouseFeature {
     /// 415 with an OAuth `invalid_request` unless the body is `application/x-www-form-urlencoded`
     /// (RFC 6749 §3.2, RFC 7009 §2.1).
     static func refusingNonFormBody(_ request: Request) -> Response? {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
-        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) != "application/x-www-form-urlencoded" else {
-            return nil
-        }
+        guard !MediaType.matches(request.headers[.contentType], "application/x-www-form-urlencoded") else { return nil }
         var response = Response.oauthError(.invalidRequest("the body must be application/x-www-form-urlencoded"))
         response.status = .unsupportedMediaType
         return response

@@ -42,11 +42,9 @@ struct DPoPEnforcement: Sendable {
         let values = request.headers[values: Self.header]
         guard !values.isEmpty else { return nil }
         guard values.count == 1 else { throw .invalidDPoPProof("a request carries at most one DPoP header") }
-        let nonces = settings.requireNonce ? self.nonces : nil
         let proof: VerifiedDPoPProof
         do {
-            proof = try DPoPProof.verify(values[0], method: request.method.rawValue, url: issuer + endpoint, accessToken: nil, now: now(),
-                                         lifetime: settings.proofLifetime.inSeconds, nonces: nonces)
+            proof = try verify(values[0], of: request, url: issuer + endpoint, accessToken: nil)
         } catch {
             if error.useNonce { throw .useDPoPNonce(nonce: self.nonces.current(now: now())) }
             throw .invalidDPoPProof(error.description)
@@ -95,11 +93,9 @@ struct DPoPEnforcement: Sendable {
         guard values.count == 1 else {
             return refusal(request, error: "invalid_dpop_proof", detail: "The request must carry exactly one DPoP proof.")
         }
-        let nonces = settings.requireNonce ? self.nonces : nil
         let proof: VerifiedDPoPProof
         do {
-            proof = try DPoPProof.verify(values[0], method: request.method.rawValue, url: issuer + request.uri.path, accessToken: token,
-                                         now: now(), lifetime: settings.proofLifetime.inSeconds, nonces: nonces)
+            proof = try verify(values[0], of: request, url: issuer + request.uri.path, accessToken: token)
         } catch {
             if error.useNonce {
                 return refusal(request, error: "use_dpop_nonce", detail: "The DPoP proof must carry the nonce of the DPoP-Nonce header.")
@@ -114,6 +110,13 @@ struct DPoPEnforcement: Sendable {
         case .replayed: return refusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof was used before (its jti).")
         case .unavailable: return .unavailable(.identityUnavailable(), for: request, retryAfter: 1)
         }
+    }
+
+    /// A proof checked as every proof here is: for this method and URL (and access token, when one
+    /// is bound), within `dpop.proof_lifetime`, with the server nonce when `dpop.require_nonce`.
+    private func verify(_ proof: String, of request: Request, url: String, accessToken: String?) throws(DPoPProofError) -> VerifiedDPoPProof {
+        try DPoPProof.verify(proof, method: request.method.rawValue, url: url, accessToken: accessToken, now: now(),
+                             lifetime: settings.proofLifetime.inSeconds, nonces: settings.requireNonce ? nonces : nil)
     }
 
     /// 401 with `WWW-Authenticate: DPoP` (RFC 9449 §7.1), a fresh nonce, and a problem body.

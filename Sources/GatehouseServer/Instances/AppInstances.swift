@@ -26,8 +26,7 @@ extension AppInstances {
     /// never signs in lives `pending_lifetime` (minutes), and an app holds at most `max_pending`
     /// such instances, counted and inserted in one statement.
     func register(_ request: Request, peer: String?) async -> Response {
-        let contentType = request.headers[.contentType]?.lowercased() ?? ""
-        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/json" else {
+        guard MediaType.matches(request.headers[.contentType], "application/json") else {
             var response = Response.oauthError(.invalidClientMetadata("the body must be application/json (RFC 7591 §3.1)"))
             response.status = .unsupportedMediaType
             return response

@@ -39,8 +39,7 @@ struct CentralAPIRequest {
     let values: [String: Any]
 
     init(_ request: AppRequest, fields: [(name: String, field: Field, required: Bool)]) throws(CentralAPIError) {
-        let contentType = request.contentType?.lowercased() ?? ""
-        guard contentType.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "application/json" else {
+        guard MediaType.matches(request.contentType, "application/json") else {
             throw CentralAPIError(status: 415, message: "The body must be application/json")
         }
         guard let body = request.body else {
