@@ -92,11 +92,3 @@ struct AuthorizationServerMetadata: Encodable {
     var claims_supported: [String]? = nil
 }
 
-extension Response {
-    static func json(_ value: some Encodable, status: HTTPResponse.Status) -> Response {
-        var headers = HTTPFields()
-        headers[.contentType] = "application/json"
-        headers[.cacheControl] = "no-store"
-        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: JSONCoding.encode(value))))
-    }
-}

@@ -4,13 +4,24 @@ import HTTPTypes
 import Hummingbird
 
 extension Response {
-    /// A JSON body with `Cache-Control: no-store`, as every OAuth answer carries (RFC 6749 §5.1).
-    static func oauthJSON(_ data: Data, status: HTTPResponse.Status = .ok) -> Response {
+    /// JSON bytes with `Cache-Control: no-store`.
+    static func json(bytes data: Data, status: HTTPResponse.Status = .ok) -> Response {
         var headers = HTTPFields()
         headers[.contentType] = "application/json"
         headers[.cacheControl] = "no-store"
-        headers[HTTPField.Name("Pragma")!] = "no-cache"
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// A value as JSON with `Cache-Control: no-store`.
+    static func json(_ value: some Encodable, status: HTTPResponse.Status) -> Response {
+        json(bytes: JSONCoding.encode(value), status: status)
+    }
+
+    /// A JSON body with `Cache-Control: no-store` and `Pragma: no-cache`, as every OAuth answer carries (RFC 6749 §5.1).
+    static func oauthJSON(_ data: Data, status: HTTPResponse.Status = .ok) -> Response {
+        var response = json(bytes: data, status: status)
+        response.headers[HTTPField.Name("Pragma")!] = "no-cache"
+        return response
     }
 
     /// An RFC 6749 §5.2 error body for the token endpoint.

@@ -5,7 +5,6 @@ import GatehouseUpstreams
 import HTTPTypes
 import Hummingbird
 import Logging
-import NIOCore
 
 /// Sealed sessions as a minting kind sees them (`MintedSessions`): the session that holds the
 /// person its upstream vouched for, and its refresh-token family, rotated as every sealed
@@ -67,12 +66,10 @@ extension SealedSessions {
         let answer = await route.handle(AppRequest(
             contentType: request.headers[.contentType], body: body.map { Data($0.readableBytesView) },
             limit: configuration.server.maximumBodyBytes, clientAddress: limits.clientAddress(peer: peer, headers: request.headers)), minted)
-        var headers = HTTPFields()
-        headers[.contentType] = "application/json"
-        headers[.cacheControl] = "no-store"
+        var response = Response.json(bytes: answer.json, status: .init(code: answer.status))
         for (name, value) in answer.headers {
-            if let name = HTTPField.Name(name) { headers[name] = value }
+            if let name = HTTPField.Name(name) { response.headers[name] = value }
         }
-        return Response(status: .init(code: answer.status), headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: answer.json)))
+        return response
     }
 }

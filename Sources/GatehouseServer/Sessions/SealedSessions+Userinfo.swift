@@ -4,7 +4,6 @@ import GatehouseRelay
 import GatehouseSessions
 import Hummingbird
 import HTTPTypes
-import NIOCore
 
 extension SealedSessions {
     /// `GET /userinfo` (OpenID Connect Core §5.3), Bearer = Gatehouse's access token: the claims
@@ -19,10 +18,7 @@ extension SealedSessions {
         guard let userinfo = view.userinfo else {
             return .problem(.notFound("This sign-in's upstream gave no userinfo."), for: request)
         }
-        var headers = HTTPFields()
-        headers[.contentType] = "application/json"
-        headers[.cacheControl] = "no-store"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: userinfo)))
+        return .json(bytes: userinfo)
     }
 
     /// A refusal of `appSession`, as the response to send.
