@@ -38,8 +38,8 @@ public protocol MintedSessions: Sendable {
     var logger: Logger { get }
     /// Whether `subject` has had a session of `upstream` before.
     func hasSession(subject: String, upstream: String) async throws -> Bool
-    /// A new session sealing `userinfo` under the session key ring; returns its id.
-    func begin(subject: String, userinfo: Data, clientID: String, upstream: String, expiresAt: Date) async throws -> String
+    /// A new session sealing `userinfo` under the session key ring, begun at `createdAt`; returns its id.
+    func begin(subject: String, userinfo: Data, clientID: String, upstream: String, createdAt: Date, expiresAt: Date) async throws -> String
     func recordRefreshToken(hash: String, sessionID: String, expiresAt: Date) async throws
     /// The refresh-token family of a session, as sealed sessions rotate theirs: `issue` makes the
     /// successor for a live session (its opened userinfo given), counted, audited, coalesced within

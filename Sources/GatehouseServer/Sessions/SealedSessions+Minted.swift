@@ -21,12 +21,12 @@ struct GatehouseMintedSessions: MintedSessions {
         try await sessions.store.sessions(subject: subject).contains { $0.upstream == upstream }
     }
 
-    func begin(subject: String, userinfo: Data, clientID: String, upstream: String, expiresAt: Date) async throws -> String {
+    func begin(subject: String, userinfo: Data, clientID: String, upstream: String, createdAt: Date, expiresAt: Date) async throws -> String {
         let sessionID = SecureToken.generate()
         let (keyID, sealed) = try sessions.settings.keyRing.seal(userinfo, associatedData: sessionID)
         try await sessions.store.insertSession(SessionRecord(
             id: sessionID, clientID: clientID, upstream: upstream, subject: subject, keyID: keyID, sealedTokens: sealed,
-            upstreamExpiresAt: nil, createdAt: feature.now(), expiresAt: expiresAt))
+            upstreamExpiresAt: nil, createdAt: createdAt, expiresAt: expiresAt))
         return sessionID
     }
 

@@ -74,7 +74,7 @@ public struct CentralMinter: TokenMinter {
         do {
             isNewUser = try await !sessions.hasSession(subject: user.userId, upstream: upstream)
             sessionID = try await sessions.begin(subject: user.userId, userinfo: user.json, clientID: clientID, upstream: upstream,
-                                                 expiresAt: expiresAt)
+                                                 createdAt: now, expiresAt: expiresAt)
         } catch {
             throw .serverError("Gatehouse could not record the session")
         }

@@ -70,8 +70,9 @@ struct StaticMinter: TokenMinter {
             throw .serverError("the sign-in carries no verified user")
         }
         do {
+            let now = sessions.now
             let sessionID = try await sessions.begin(subject: subject, userinfo: userinfo, clientID: clientID, upstream: upstream,
-                                                     expiresAt: sessions.now.addingTimeInterval(3600))
+                                                     createdAt: now, expiresAt: now.addingTimeInterval(3600))
             return try await pair(subject: subject, sessionID: sessionID, sessions: sessions).body
         } catch {
             throw .serverError("the static session could not be recorded")
