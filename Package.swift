@@ -12,6 +12,8 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "gatehouse", targets: ["gatehouse"]),
+        // The in-app sign-in client for apps (iOS, Android with Swift, Linux): no server module.
+        .library(name: "GatehouseSignIn", targets: ["GatehouseSignIn"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", exact: "2.28.1"),
@@ -157,6 +159,27 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: upcoming
+        ),
+        .target(
+            // The client of the authorization challenge endpoint: the seed's in-app sign-in state
+            // machine for first-party apps. Foundation and swift-crypto only (CryptoKit on Apple).
+            name: "GatehouseSignIn",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: upcoming
+        ),
+        .executableTarget(
+            // A line-oriented driver of GatehouseSignIn: what an app's screens would call, as JSON
+            // lines on stdin and stdout. The end-to-end tests run the client through it.
+            name: "gatehouse-signin",
+            dependencies: ["GatehouseSignIn"],
+            swiftSettings: upcoming
+        ),
+        .testTarget(
+            name: "GatehouseSignInTests",
+            dependencies: ["GatehouseSignIn", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: upcoming
         ),
         .testTarget(
