@@ -12,12 +12,14 @@ public import GatehouseSessions
 /// - sealed sessions (their tokens, `/userinfo`, session codes and web sessions, the sessions a
 ///   minting kind keeps): with a `sessions` section;
 /// - app instances (registration, attestation, certification): when an app has `instances`;
+/// - in-app sign-in (the authorization challenge endpoint): when an app has `in_app_sign_in: on`;
 /// - the relay: with `routes`.
 public struct Gatehouse: GatehouseFeature {
     let context: GatehouseContext
     let authorizationServer: AuthorizationServer
     let sealedSessions: SealedSessions?
     let appInstances: AppInstances?
+    let inAppSignIn: InAppSignIn?
     let relayFace: RelayFace?
 
     /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
@@ -35,10 +37,11 @@ public struct Gatehouse: GatehouseFeature {
                 ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit),
             signer: signer ?? relay?.signer)
         self.context = context
-        let instances = configuration.clients.values.contains { $0.instances != nil }
-            ? AppInstances(context: context, mailer: configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }) : nil
+        let mailer: (any Mailer)? = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
+        let instances = configuration.clients.values.contains { $0.instances != nil } ? AppInstances(context: context, mailer: mailer) : nil
         let sealed = sessions.map { SealedSessions(context: context, services: $0, relay: relay, instances: instances) }
         appInstances = instances
+        inAppSignIn = configuration.offersInAppSignIn ? InAppSignIn(context: context, mailer: mailer, instances: instances) : nil
         sealedSessions = sealed
         authorizationServer = AuthorizationServer(context: context, sessions: sealed, instances: instances, identityCache: relay?.cache)
         relayFace = relay.map { RelayFace(context: context, services: $0, sealedSessions: sealed) }

@@ -82,6 +82,10 @@ public enum GatehouseApplication {
                 }
             }
         }
+        // In-app sign-in: known from the start (a reload may turn it on for an app); 404 while no app has it.
+        endpoints.append(Endpoint(.post, InAppSignIn.path) { request, context, gatehouse in
+            await gatehouse.inAppSignIn.answer(request) { await $0.challenge(request, peer: context.remoteAddress) }
+        })
         // App instances: their endpoints are known from the start, since a reload may add the first
         // app with `instances`; while none has them, a POST to them is answered 404.
         endpoints += [

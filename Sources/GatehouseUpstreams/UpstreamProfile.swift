@@ -46,6 +46,9 @@ public protocol UpstreamProfile: Sendable {
 
     /// The endpoints of the kind's own app face, if it has one.
     var appRoutes: [AppRoute] { get }
+
+    /// The steps of an in-app sign-in this upstream offers; `nil`: only the browser (`redirect_to_web`).
+    var inAppSignIn: (any InAppSignInSteps)? { get }
 }
 
 extension UpstreamProfile {
@@ -62,6 +65,8 @@ extension UpstreamProfile {
     public var minter: (any TokenMinter)? { nil }
 
     public var appRoutes: [AppRoute] { [] }
+
+    public var inAppSignIn: (any InAppSignInSteps)? { nil }
 
     /// RFC 9207: an `iss` on the authorization response must be the issuer the sign-in was sent to;
     /// an answer naming another issuer is a mix-up attempt (RFC 9700 §4.4).

@@ -18,6 +18,13 @@ public struct IssuedCode: Sendable, Codable, Equatable {
     public var appNonce: String?
     /// Who signed in, as the upstream's validated ID token says (OpenID Connect upstreams).
     public var subject: String?
+    /// The DPoP key (RFC 7638 thumbprint) an in-app sign-in was bound to: the token request must
+    /// prove the same key (draft-ietf-oauth-first-party-apps §9.4.1).
+    public var dpopJKT: String?
+
+    /// The `redirectURI` of a code from the authorization challenge endpoint: its request had
+    /// none, so its token request has none either, and no other code is redeemed without one.
+    public static let noRedirectURI = ""
 
     public init(clientID: String, redirectURI: String, codeChallenge: String, upstream: String, tokenResponse: Data,
                 userinfo: Data? = nil, appNonce: String? = nil, subject: String? = nil) {

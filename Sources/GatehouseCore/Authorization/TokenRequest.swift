@@ -1,7 +1,9 @@
 /// A request to `/oauth/token` from a public app client (RFC 6749 §4.1.3 and §6, RFC 7636 §4.5).
 public enum TokenRequest: Sendable, Equatable {
     /// Redeem a Gatehouse code (callback mode) or an upstream code with its `state` (relay mode).
-    case authorizationCode(clientID: String, code: String, redirectURI: String, codeVerifier: String, state: String?)
+    /// `redirectURI` is `nil` for a code of the authorization challenge endpoint, whose request had
+    /// none (draft-ietf-oauth-first-party-apps §5).
+    case authorizationCode(clientID: String, code: String, redirectURI: String?, codeVerifier: String, state: String?)
     /// Swap a refresh token; Gatehouse adds its secret toward the upstream.
     case refreshToken(clientID: String, refreshToken: String, scope: String?)
 
@@ -25,7 +27,7 @@ public enum TokenRequest: Sendable, Equatable {
         switch grantType {
         case "authorization_code":
             guard let code = form["code"] else { throw .invalidRequest("code is required") }
-            guard let redirectURI = form["redirect_uri"] else { throw .invalidRequest("redirect_uri is required") }
+            let redirectURI = form["redirect_uri"]
             guard let verifier = form["code_verifier"] else {
                 throw .invalidRequest("code_verifier is required (PKCE, RFC 7636 §4.5)")
             }

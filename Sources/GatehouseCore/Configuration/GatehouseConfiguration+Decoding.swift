@@ -110,6 +110,13 @@ extension GatehouseConfiguration {
         let mail = top.mapping("mail").flatMap { decodeMail($0, secrets: secrets) }
         let webviews = top.mapping("webviews").flatMap(decodeWebviews)
         let dpop = top.mapping("dpop").map(decodeDPoP) ?? DPoPSettings()
+        let inAppSignIn = top.mapping("in_app_sign_in").map(decodeInAppSignIn) ?? InAppSignInSettings()
+        for client in clients.values.sorted(by: { $0.clientID < $1.clientID }) where client.inAppSignIn == .on {
+            if top.value("mail") == nil {
+                reader.report("mail", root, "is required: the client '\(client.clientID)' signs in in the app, and e-mails unblock codes")
+                break
+            }
+        }
         for client in clients.values.sorted(by: { $0.clientID < $1.clientID }) where client.instances?.manualCertification == true {
             if top.value("mail") == nil {
                 reader.report("mail", root, "is required: the client '\(client.clientID)' certifies instances by e-mailed code")
@@ -127,6 +134,7 @@ extension GatehouseConfiguration {
         configuration.mail = mail
         configuration.webviews = webviews
         configuration.dpop = dpop
+        configuration.inAppSignIn = inAppSignIn
         return configuration
     }
 
@@ -316,6 +324,12 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("unknown_refresh_tokens"), map.value("unknown_refresh_tokens"),
                               "applies only with token_exposure: passthrough (a sealed app's refresh tokens are Gatehouse's own)")
         }
+        let inAppSignIn = map.choice("in_app_sign_in", default: InAppSignInPolicy.off)
+        if inAppSignIn == .on, exposure != .sealed {
+            map.reader.report(map.childPath("in_app_sign_in"), map.value("in_app_sign_in"),
+                              "needs token_exposure: sealed: a passthrough app would hold the upstream's own tokens for a password it typed, "
+                              + "tokens the upstream only gives a confidential client or a browser sign-in")
+        }
         let instances = map.mapping("instances").flatMap { decodeInstances($0, secrets: secrets) }
         if let instances {
             if instances.manualCertification, wiring != .callback {
@@ -340,6 +354,7 @@ extension GatehouseConfiguration {
         client.dpop = exposure == .sealed && !upstream.profile.mintsTokens ? dpop : .off
         client.instances = instances
         client.unknownRefreshTokens = unknownRefreshTokens
+        client.inAppSignIn = inAppSignIn
         return client
     }
 

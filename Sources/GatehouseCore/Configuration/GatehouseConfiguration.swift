@@ -19,6 +19,11 @@ public struct GatehouseConfiguration: Sendable {
     public var webviews: WebviewSettings?
     /// How DPoP proofs are checked.
     public var dpop: DPoPSettings = DPoPSettings()
+    /// The in-app sign-in dialogue (`in_app_sign_in:`), for apps with `in_app_sign_in: on`.
+    public var inAppSignIn: InAppSignInSettings = InAppSignInSettings()
+
+    /// Whether any app may sign in at the authorization challenge endpoint.
+    public var offersInAppSignIn: Bool { clients.values.contains { $0.inAppSignIn == .on } }
 
     public init(server: ServerSettings, store: StoreSettings, upstreams: [String: UpstreamSettings], clients: [String: AppClient],
                 routes: [RouteSettings] = [], identityCache: IdentityCacheSettings = IdentityCacheSettings(),
@@ -304,6 +309,8 @@ public struct AppClient: Sendable {
     public var instances: InstanceSettings?
     /// Passthrough apps: what becomes of a refresh token Gatehouse never handed out nor saw refreshed.
     public var unknownRefreshTokens: UnknownRefreshTokens = .forward
+    /// Whether the app may sign its user in without a browser (the authorization challenge endpoint).
+    public var inAppSignIn: InAppSignInPolicy = .off
 
     /// Whether this is a registered instance of the app rather than the app's own client id.
     public var isInstance: Bool { InstanceID.split(clientID) != nil && instances != nil }

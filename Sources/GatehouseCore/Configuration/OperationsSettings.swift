@@ -68,6 +68,10 @@ public struct RateLimitSettings: Sendable, Equatable {
     /// Refreshes with a refresh token Gatehouse has never seen (passthrough apps), per client
     /// address: each costs an upstream call, so junk cannot be turned into upstream load. On by default.
     public var unknownRefreshPerAddress: BucketSettings? = BucketSettings(perSecond: 0.1, burst: 10)
+    /// Requests to the authorization challenge endpoint per client address, and passwords, codes
+    /// and e-mails per account (its `login_hint`): on by default (credential stuffing).
+    public var inAppPerAddress: BucketSettings? = BucketSettings(perSecond: 0.2, burst: 20)
+    public var inAppPerAccount: BucketSettings? = BucketSettings(perSecond: 0.05, burst: 10)
 
     public init(trustedProxies: [AddressRange] = [], oauthPerClient: BucketSettings? = nil, oauthPerAddress: BucketSettings? = nil,
                 relayPerSubject: BucketSettings? = nil, identityLookupsPerAddress: BucketSettings? = nil,
@@ -167,6 +171,8 @@ extension GatehouseConfiguration {
         settings.registrationPerApp = defaultedBucket("registration_per_app", in: map, default: settings.registrationPerApp)
         settings.unknownRefreshPerAddress = defaultedBucket("unknown_refresh_per_address", in: map,
                                                             default: settings.unknownRefreshPerAddress)
+        settings.inAppPerAddress = defaultedBucket("in_app_per_address", in: map, default: settings.inAppPerAddress)
+        settings.inAppPerAccount = defaultedBucket("in_app_per_account", in: map, default: settings.inAppPerAccount)
         map.finish()
         return settings
     }

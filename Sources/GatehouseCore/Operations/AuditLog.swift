@@ -47,4 +47,5 @@ public struct AuditLog: Sendable {
 public enum AuditEvent: String, Sendable, CaseIterable {
     case sign_in, refresh, reuse_detected, family_revoked, revoke, logout, admin_revocation, rate_limited
     case instance_registered, instance_certified, instance_revoked, certification_locked, web_session
+    case sign_in_failed
 }

@@ -63,6 +63,7 @@ public enum GatehouseMetrics {
     public enum Limit: String, Sendable, CaseIterable {
         case oauth_client, oauth_address, relay_subject, identity_address, identity_concurrency, upstream_backoff
         case registration_address, registration_app, registration_pending, unknown_refresh_address
+        case in_app_address, in_app_account
     }
 
     public static func refresh(_ outcome: RefreshOutcome) {

@@ -24,7 +24,7 @@ public protocol AuthorizationStore: Sendable {
 /// Everything Gatehouse keeps: sign-ins in flight, sealed sessions, passthrough tokens,
 /// registered app instances, single-use values and paused certifications.
 public typealias GatehouseStore = AuthorizationStore & SessionStore & PassthroughTokenStore & RevocationAnnouncer
-    & InstanceStore & SingleUseStore & CertificationStore
+    & InstanceStore & SingleUseStore & CertificationStore & AttemptCounterStore
 
 /// Tells every instance sharing the store that something was revoked, so each drops what it
 /// caches about it at once (PostgreSQL `NOTIFY`). A store used by one instance does nothing.

@@ -7,11 +7,28 @@ extension AuthorizationServer {
     /// `GET /oauth/authorize` (RFC 6749 §4.1.1, RFC 7636 §4.3): checks the app, records a
     /// transaction and sends the browser to the upstream with Gatehouse's own `state`.
     func authorize(_ request: Request) async -> Response {
-        let parameters: FormParameters
+        var parameters: FormParameters
         do {
-            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: AuthorizationRequest.parameterNames)
+            parameters = try FormParameters(parsing: Array((request.uri.query ?? "").utf8),
+                                            recognizing: AuthorizationRequest.parameterNames.union(["request_uri"]))
         } catch {
             return .problem(.badRequest("The sign-in request is malformed: \(error.description)."), for: request)
+        }
+        // A request Gatehouse recorded (an in-app sign-in that continues in the browser): its
+        // parameters, and only those, with the same client_id (RFC 9126 §4).
+        if let requestURI = parameters["request_uri"] {
+            let pulled: String?
+            do {
+                pulled = try await pullAuthorizationRequest(requestURI)
+            } catch {
+                return .problem(.storeUnavailable(), for: request)
+            }
+            guard let pulled, let pushed = try? FormParameters(parsing: Array(pulled.utf8), recognizing: AuthorizationRequest.parameterNames),
+                  pushed["client_id"] == parameters["client_id"] else {
+                logger.info("authorize refused", metadata: ["code": "unknown_request_uri"])
+                return .problem(.badRequest("The request_uri is unknown, already used, expired, or another app's."), for: request)
+            }
+            parameters = pushed
         }
         // A registered instance is a client only while the store says it is live.
         var clients = configuration.clients

@@ -29,7 +29,11 @@ extension AuthorizationServer {
             jwks_uri: publishedKeys.isEmpty && !openID ? nil : issuer + "/.well-known/jwks.json",
             id_token_signing_alg_values_supported: signer == nil && !openID ? nil : ["ES256"],
             registration_endpoint: configuration.clients.values.contains { $0.instances != nil } ? issuer + "/oauth/register" : nil,
-            dpop_signing_alg_values_supported: configuration.clients.values.contains { $0.dpop != .off } ? Self.dpopAlgorithms : nil)
+            dpop_signing_alg_values_supported: configuration.clients.values.contains { $0.dpop != .off || $0.inAppSignIn == .on }
+                ? Self.dpopAlgorithms : nil)
+        if configuration.offersInAppSignIn {
+            document.authorization_challenge_endpoint = issuer + InAppSignIn.path
+        }
         if openID {
             document.subject_types_supported = ["public"]
             document.claims_supported = ["iss", "sub", "aud", "exp", "iat", "nonce", "sid"]
@@ -87,6 +91,8 @@ struct AuthorizationServerMetadata: Encodable {
     var registration_endpoint: String? = nil
     /// RFC 9449 §5.1: the proof algorithms Gatehouse checks, when an app's tokens may be bound.
     var dpop_signing_alg_values_supported: [String]? = nil
+    /// draft-ietf-oauth-first-party-apps §4.1: the in-app sign-in, when an app has it.
+    var authorization_challenge_endpoint: String? = nil
     /// OpenID Connect Discovery 1.0 §3 (the openid-configuration document only).
     var subject_types_supported: [String]? = nil
     var claims_supported: [String]? = nil

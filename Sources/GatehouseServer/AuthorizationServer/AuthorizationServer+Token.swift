@@ -26,8 +26,10 @@ extension AuthorizationServer {
             guard let client = configuration.appClient(for: tokenRequest.clientID), let upstream = upstreams[client.upstream] else {
                 throw .invalidClient("no app is registered with this client_id")
             }
-            // A proof is checked whenever the app may bind its tokens, or the instance its key.
-            let proof = client.dpop != .off || client.isInstance ? try await dpop.endpointProof(request, endpoint: "/oauth/token") : nil
+            // A proof is checked whenever the app may bind its tokens, the instance its key, or an
+            // in-app sign-in its code.
+            let proof = client.dpop != .off || client.isInstance || client.inAppSignIn == .on
+                ? try await dpop.endpointProof(request, endpoint: "/oauth/token") : nil
             if client.dpop == .required, proof == nil {
                 throw .invalidDPoPProof("this app's token requests carry a DPoP proof (RFC 9449)")
             }
@@ -35,7 +37,7 @@ extension AuthorizationServer {
             let instance = try await instances?.liveInstance(client.clientID, proof: proof).0
             try AppInstances.requireCertification(of: client, instance: instance)
             let binding = client.dpop == .off ? nil : proof?.thumbprint
-            let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding,
+            let tokens = try await answer(tokenRequest, client: client, upstream: upstream, binding: binding, proven: proof?.thumbprint,
                                           address: limits.clientAddress(peer: peer, headers: request.headers))
             if let instances, let instance, let settings = client.instances { await instances.touch(instance, settings: settings) }
             logger.info("tokens issued", metadata: ["client_id": .string(client.clientID), "grant": .string(tokenRequest.grantName),
@@ -47,19 +49,25 @@ extension AuthorizationServer {
         }
     }
 
-    /// `binding`: the thumbprint of the request's verified DPoP proof, when the app's tokens may be bound.
-    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile, binding: String?, address: String?)
-        async throws(OAuthError) -> Data
+    /// `binding`: the thumbprint of the request's verified DPoP proof, when the app's tokens may be
+    /// bound; `proven`: that thumbprint whatever the app's policy (an in-app sign-in's code is bound to it).
+    private func answer(_ request: TokenRequest, client: AppClient, upstream: any UpstreamProfile, binding: String?, proven: String?,
+                        address: String?) async throws(OAuthError) -> Data
     {
         switch request {
         case .authorizationCode(_, let code, let redirectURI, let codeVerifier, let state):
-            switch client.wiring {
+            // A code of the authorization challenge endpoint comes without redirect_uri, whatever the wiring.
+            switch redirectURI == nil ? .callback : client.wiring {
             case .callback:
-                let issued = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI, codeVerifier: codeVerifier)
+                let issued = try await redeemGatehouseCode(code, client: client, redirectURI: redirectURI ?? IssuedCode.noRedirectURI,
+                                                           codeVerifier: codeVerifier)
+                if let bound = issued.dpopJKT, bound != proven {
+                    throw .invalidDPoPProof("the code is bound to the DPoP key of its sign-in: the token request must prove that key")
+                }
                 return try await exposed(SignIn(tokens: issued.tokenResponse, userinfo: issued.userinfo, appNonce: issued.appNonce,
                                                 subject: issued.subject), to: client, binding: binding)
             case .relay:
-                guard let state else {
+                guard let state, let redirectURI else {
                     throw .invalidRequest("state is required: this app's upstream returns its code to the app (relay mode)")
                 }
                 let signIn = try await redeemUpstreamCode(code, state: state, client: client, redirectURI: redirectURI,
@@ -144,7 +152,10 @@ extension AuthorizationServer {
         }
         guard issued.clientID == client.clientID else { throw .invalidGrant("the code was issued to another app") }
         guard issued.redirectURI == redirectURI else {
-            throw .invalidGrant("redirect_uri differs from the one of the authorization request")
+            if redirectURI == IssuedCode.noRedirectURI { throw .invalidRequest("redirect_uri is required") }
+            throw .invalidGrant(issued.redirectURI == IssuedCode.noRedirectURI
+                ? "the code is of an in-app sign-in: its token request carries no redirect_uri"
+                : "redirect_uri differs from the one of the authorization request")
         }
         guard PKCE.verify(codeVerifier: codeVerifier, codeChallenge: issued.codeChallenge) else {
             throw .invalidGrant("code_verifier does not match the code_challenge")

@@ -17,6 +17,8 @@ public final class RateLimiters: Sendable {
     public let registrationPerAddress: TokenBucketLimiter?
     public let registrationPerApp: TokenBucketLimiter?
     public let unknownRefreshPerAddress: TokenBucketLimiter?
+    public let inAppPerAddress: TokenBucketLimiter?
+    public let inAppPerAccount: TokenBucketLimiter?
 
     public init(_ settings: RateLimitSettings, audit: AuditLog = AuditLog(), previous: RateLimiters? = nil) {
         self.settings = settings
@@ -33,6 +35,8 @@ public final class RateLimiters: Sendable {
         registrationPerAddress = limiter(\.registrationPerAddress, \.registrationPerAddress)
         registrationPerApp = limiter(\.registrationPerApp, \.registrationPerApp)
         unknownRefreshPerAddress = limiter(\.unknownRefreshPerAddress, \.unknownRefreshPerAddress)
+        inAppPerAddress = limiter(\.inAppPerAddress, \.inAppPerAddress)
+        inAppPerAccount = limiter(\.inAppPerAccount, \.inAppPerAccount)
     }
 
     /// The bucket of a limit, when configured (`registration_pending` and the upstream and identity
@@ -46,6 +50,8 @@ public final class RateLimiters: Sendable {
         case .registration_address: registrationPerAddress
         case .registration_app: registrationPerApp
         case .unknown_refresh_address: unknownRefreshPerAddress
+        case .in_app_address: inAppPerAddress
+        case .in_app_account: inAppPerAccount
         case .identity_concurrency, .upstream_backoff, .registration_pending: nil
         }
     }

@@ -141,6 +141,36 @@ extension PostgresStore {
             logger: logger).first?.decode(Data.self)
     }
 
+    // MARK: Attempt counters
+
+    public func countAttempt(purpose: String, keyHash: String, expiresAt: Date, now: Date) async throws -> Int {
+        // One statement: two instances counting at once count two.
+        let kind = AttemptCounter.kind(purpose)
+        let one = Data("1".utf8)
+        let rows = try await query(
+            """
+            INSERT INTO single_use (kind, key_hash, value, expires_at) VALUES (\(kind), \(keyHash), \(one), \(ms(expiresAt)))
+            ON CONFLICT (kind, key_hash) DO UPDATE SET
+              value = CASE WHEN single_use.expires_at <= \(ms(now)) THEN excluded.value
+                      ELSE convert_to((convert_from(single_use.value, 'UTF8')::bigint + 1)::text, 'UTF8') END,
+              expires_at = CASE WHEN single_use.expires_at <= \(ms(now)) THEN excluded.expires_at ELSE single_use.expires_at END
+            RETURNING value
+            """, logger: logger)
+        return AttemptCounter.count(decoding: try rows.first?.decode(Data.self))
+    }
+
+    public func attemptCount(purpose: String, keyHash: String, now: Date) async throws -> Int {
+        let kind = AttemptCounter.kind(purpose)
+        let rows = try await query(
+            "SELECT value FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash) AND expires_at > \(ms(now))", logger: logger)
+        return AttemptCounter.count(decoding: try rows.first?.decode(Data.self))
+    }
+
+    public func resetAttempts(purpose: String, keyHash: String) async throws {
+        let kind = AttemptCounter.kind(purpose)
+        try await query("DELETE FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash)", logger: logger)
+    }
+
     // MARK: Certifications
 
     public func insertCertification(idHash: String, sealed: Data, codeHash: String, expiresAt: Date) async throws {

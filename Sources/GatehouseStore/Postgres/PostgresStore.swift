@@ -11,7 +11,7 @@ public import PostgresNIO
 /// Single use, rotation, leases and fencing are each one statement (`DELETE … RETURNING`,
 /// `UPDATE … WHERE … RETURNING`), atomic across every instance sharing the database.
 public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer, InstanceStore,
-    SingleUseStore, CertificationStore {
+    SingleUseStore, CertificationStore, AttemptCounterStore {
     public let client: PostgresClient
     let logger: Logger
     let telemetry: StoreTelemetry

@@ -3,7 +3,7 @@ public import GatehouseCore
 import NIOCore
 import SQLiteNIO
 
-extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, CertificationStore {
+extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, CertificationStore, AttemptCounterStore {
     /// Trusted app instances: registered app instances, single-use values, paused certifications, and the
     /// DPoP key a session is bound to.
     static let instanceSchema = [
@@ -166,6 +166,35 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
         try await connection.query(
             "DELETE FROM single_use WHERE kind = ? AND key_hash = ? AND expires_at > ? RETURNING value",
             [.text(kind), .text(keyHash), .integer(Self.milliseconds(now))]).first?.column("value")?.blob.map { Data($0.readableBytesView) }
+    }
+
+    // MARK: Attempt counters
+
+    public func countAttempt(purpose: String, keyHash: String, expiresAt: Date, now: Date) async throws -> Int {
+        // One statement: two instances counting at once count two.
+        let rows = try await connection.query(
+            """
+            INSERT INTO single_use (kind, key_hash, value, expires_at) VALUES (?, ?, CAST('1' AS BLOB), ?)
+            ON CONFLICT (kind, key_hash) DO UPDATE SET
+              value = CASE WHEN single_use.expires_at <= ? THEN CAST('1' AS BLOB)
+                      ELSE CAST(CAST(CAST(CAST(single_use.value AS TEXT) AS INTEGER) + 1 AS TEXT) AS BLOB) END,
+              expires_at = CASE WHEN single_use.expires_at <= ? THEN excluded.expires_at ELSE single_use.expires_at END
+            RETURNING value
+            """,
+            [.text(AttemptCounter.kind(purpose)), .text(keyHash), .integer(Self.milliseconds(expiresAt)),
+             .integer(Self.milliseconds(now)), .integer(Self.milliseconds(now))])
+        return AttemptCounter.count(decoding: rows.first?.column("value")?.blob.map { Data($0.readableBytesView) })
+    }
+
+    public func attemptCount(purpose: String, keyHash: String, now: Date) async throws -> Int {
+        let rows = try await connection.query(
+            "SELECT value FROM single_use WHERE kind = ? AND key_hash = ? AND expires_at > ?",
+            [.text(AttemptCounter.kind(purpose)), .text(keyHash), .integer(Self.milliseconds(now))])
+        return AttemptCounter.count(decoding: rows.first?.column("value")?.blob.map { Data($0.readableBytesView) })
+    }
+
+    public func resetAttempts(purpose: String, keyHash: String) async throws {
+        try await connection.query("DELETE FROM single_use WHERE kind = ? AND key_hash = ?", [.text(AttemptCounter.kind(purpose)), .text(keyHash)])
     }
 
     // MARK: Certifications

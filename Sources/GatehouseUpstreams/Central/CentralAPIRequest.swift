@@ -95,16 +95,8 @@ struct CentralAPIRequest {
         }
     }
 
-    /// valibot's `email()` rule, as the central provider checks the address (its `EMAIL_REGEX`,
-    /// ASCII word characters), within RFC 5321's 254 characters: an address Gatehouse accepts is
-    /// one the provider accepts.
-    static func isEmail(_ text: String) -> Bool {
-        guard text.utf8.count <= 254 else { return false }
-        return text.wholeMatch(of: emailPattern) != nil
-    }
-
-    nonisolated(unsafe) private static let emailPattern =
-        /[A-Za-z0-9_+\-]+(?:\.[A-Za-z0-9_+\-]+)*@[0-9A-Za-z]+(?:[.\-][0-9A-Za-z]+)*\.[A-Za-z]{2,}/
+    /// An address the central provider accepts (`EmailAddress`, its rule).
+    static func isEmail(_ text: String) -> Bool { EmailAddress.isValid(text) }
 
     /// A field name as it may be echoed: at most 64 characters, controls dropped.
     private static func printable(_ name: String) -> String {

@@ -67,6 +67,8 @@ public struct CentralUpstream: UpstreamProfile {
 
     public func revoke(_ token: String, hint: String) async {}
 
+    public var inAppSignIn: (any InAppSignInSteps)? { CentralEmailLinkSteps(upstream: self) }
+
     /// The relay's default identity for a central app's tokens: Gatehouse's own JWTs, `sub` as the
     /// subject and the seed's `data` members as attributes.
     static let mintedIdentity = IdentitySettings(

@@ -11,6 +11,13 @@ public struct OAuth2Settings: UpstreamProfileSettings {
     public var revocationEndpoint: String?
     /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
     public var pkce: Bool
+    /// Whether the upstream takes the resource-owner password grant (RFC 6749 §4.3) from
+    /// Gatehouse: in-app sign-in then relays the user's password to it.
+    public var passwordGrant: Bool = false
+    /// The second-factor dialect the upstream answers the password grant with, if any.
+    public var secondFactor: OAuth2SecondFactor?
+    /// Where the second factor's challenge is asked for (Auth0: `/mfa/challenge` beside `/oauth/token`).
+    public var mfaChallengeEndpoint: String?
 
     public init(authorizationEndpoint: String, tokenEndpoint: String, revocationEndpoint: String? = nil, pkce: Bool = false) {
         self.authorizationEndpoint = authorizationEndpoint
@@ -47,8 +54,22 @@ public struct OAuth2Upstream: UpstreamProfile {
             let token = GatehouseConfiguration.endpoint("token_endpoint", in: map)
             let revocation = map.value("revocation_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("revocation_endpoint", in: map)
             let pkce = map.bool("pkce") ?? false
+            let passwordGrant = map.bool("password_grant") ?? false
+            let secondFactor = map.value("second_factor") == nil ? nil : map.choice("second_factor", default: OAuth2SecondFactor.auth0)
+            let challenge = map.value("mfa_challenge_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("mfa_challenge_endpoint", in: map)
+            if secondFactor != nil, !passwordGrant {
+                map.reader.report(map.childPath("second_factor"), map.value("second_factor"),
+                                  "needs password_grant: true (the second factor answers the password grant)")
+            }
+            if challenge != nil, secondFactor == nil {
+                map.reader.report(map.childPath("mfa_challenge_endpoint"), map.value("mfa_challenge_endpoint"), "needs second_factor")
+            }
             guard let authorize, let token else { return nil }
-            return OAuth2Settings(authorizationEndpoint: authorize, tokenEndpoint: token, revocationEndpoint: revocation, pkce: pkce)
+            var settings = OAuth2Settings(authorizationEndpoint: authorize, tokenEndpoint: token, revocationEndpoint: revocation, pkce: pkce)
+            settings.passwordGrant = passwordGrant
+            settings.secondFactor = secondFactor
+            settings.mfaChallengeEndpoint = challenge
+            return settings
         },
         make: { OAuth2Upstream(settings: $0, httpClient: $1, logger: $2) })
 
@@ -76,5 +97,9 @@ public struct OAuth2Upstream: UpstreamProfile {
     public func revoke(_ token: String, hint: String) async {
         guard let endpoint = oauth2.revocationEndpoint else { return }
         await http.revoke(url: endpoint, token: token, hint: hint)
+    }
+
+    public var inAppSignIn: (any InAppSignInSteps)? {
+        oauth2.passwordGrant ? OAuth2PasswordSteps(oauth2: oauth2, http: http) : nil
     }
 }

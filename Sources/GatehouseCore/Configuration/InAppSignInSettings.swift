@@ -1,0 +1,37 @@
+/// `clients[].in_app_sign_in`: whether the app may sign its user in without a browser, at the
+/// authorization challenge endpoint (draft-ietf-oauth-first-party-apps).
+public enum InAppSignInPolicy: String, Sendable, CaseIterable {
+    case off
+    case on
+}
+
+/// The `in_app_sign_in:` section: the dialogue's lifetimes and its step-up.
+public struct InAppSignInSettings: Sendable, Equatable {
+    /// How long an `auth_session` lives after its last answer.
+    public var sessionLifetime: Duration = .seconds(600)
+    /// Wrong inputs (passwords, codes) within one dialogue before it ends.
+    public var attempts: Int = 5
+    /// Failed passwords per account, within `failureWindow`, after which an unblock code is e-mailed first.
+    public var unblockAfter: Int = 3
+    public var failureWindow: Duration = .seconds(900)
+    /// How long an e-mailed unblock code is valid.
+    public var codeLifetime: Duration = .seconds(600)
+    /// E-mails (unblock codes, magic links) one dialogue may send.
+    public var resends: Int = 3
+
+    public init() {}
+}
+
+extension GatehouseConfiguration {
+    static func decodeInAppSignIn(_ map: MappingReader) -> InAppSignInSettings {
+        var settings = InAppSignInSettings()
+        settings.sessionLifetime = map.duration("session_lifetime", in: .seconds(60)...(.seconds(3600))) ?? settings.sessionLifetime
+        settings.attempts = map.integer("attempts", in: 1...20) ?? settings.attempts
+        settings.unblockAfter = map.integer("unblock_after", in: 1...100) ?? settings.unblockAfter
+        settings.failureWindow = map.duration("failure_window", in: .seconds(60)...(.seconds(86400))) ?? settings.failureWindow
+        settings.codeLifetime = map.duration("code_lifetime", in: .seconds(60)...(.seconds(3600))) ?? settings.codeLifetime
+        settings.resends = map.integer("resends", in: 0...20) ?? settings.resends
+        map.finish()
+        return settings
+    }
+}

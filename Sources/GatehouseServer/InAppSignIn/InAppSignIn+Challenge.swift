@@ -1,0 +1,394 @@
+import Foundation
+import GatehouseCore
+import GatehouseUpstreams
+import Hummingbird
+import Logging
+
+extension InAppSignIn {
+    /// `POST /oauth/authorize-challenge`. `peer`: the connection's address, for the limits per client address.
+    func challenge(_ request: Request, peer: String?) async -> Response {
+        if let refusal = Self.refusingNonFormBody(request) { return refusal }
+        let address = limits.clientAddress(peer: peer, headers: request.headers)
+        // Before anything is read: this answer leaves the app's auth_session as it was.
+        if let address, let wait = limits.take(.in_app_address, key: address) {
+            return ChallengeAnswer.failed(.tooManyRequests, session: nil, retryAfter: wait.retryAfterSeconds).response
+        }
+        let answer: ChallengeAnswer
+        do throws(OAuthError) {
+            let form = try await oauthForm(request, recognizing: Self.parameterNames)
+            let proof = try await dpop.endpointProof(request, endpoint: Self.path)
+            if let session = form["auth_session"] {
+                answer = await proceed(ChallengeInput(form: form, proof: proof, address: address), session: session)
+            } else {
+                answer = try await begin(ChallengeInput(form: form, proof: proof, address: address))
+            }
+        } catch {
+            answer = .refused(error)
+        }
+        logger.info("authorization challenge answered", metadata: [
+            "status": .stringConvertible(answer.status),
+            "error": .string(answer.body["error"].map { if case .string(let code) = $0 { code } else { "" } } ?? "none"),
+            "failure": .string(answer.body["failure"].map { if case .string(let code) = $0 { code } else { "" } } ?? "none"),
+        ])
+        return answer.response
+    }
+
+    /// What one request brings.
+    struct ChallengeInput {
+        let form: FormParameters
+        let proof: VerifiedDPoPProof?
+        let address: String?
+    }
+
+    // MARK: The first request
+
+    private func begin(_ input: ChallengeInput) async throws(OAuthError) -> ChallengeAnswer {
+        let form = input.form
+        guard let clientID = form["client_id"] else { throw .invalidRequest("client_id is required") }
+        guard let client = configuration.appClient(for: clientID), let upstream = upstreams[client.upstream] else {
+            throw .invalidClient("no app is registered with this client_id")
+        }
+        // An instance signs in only while live and with its own key; an app that gives tokens only
+        // to certified instances is refused here as at /oauth/token (its own client id included).
+        var instance: InstanceRecord?
+        if client.isInstance {
+            guard let instances else { throw .invalidClient("client_id names no registered app instance") }
+            instance = try await instances.liveInstance(client.clientID, proof: input.proof).0
+        }
+        try AppInstances.requireCertification(of: client, instance: instance)
+        guard client.inAppSignIn == .on else {
+            throw .unauthorizedClient("this app does not sign in in the app (in_app_sign_in is off): use /oauth/authorize")
+        }
+        guard let responseType = form["response_type"] else { throw .invalidRequest("response_type is required") }
+        guard responseType == "code" else { throw .unsupportedResponseType("only response_type=code is supported") }
+        guard let challenge = form["code_challenge"] else { throw .invalidRequest("code_challenge is required (PKCE, RFC 7636)") }
+        guard form["code_challenge_method"] == PKCE.method else {
+            throw .invalidRequest("code_challenge_method is required and must be S256")
+        }
+        guard PKCE.isWellFormedChallenge(challenge) else { throw .invalidRequest("code_challenge must be 43 base64url characters (S256)") }
+        let scopes = form["scope"].map { $0.split(separator: " ").map(String.init) } ?? client.scopes
+        if let unknown = scopes.first(where: { !client.scopes.contains($0) }) {
+            throw .invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app")
+        }
+        if let nonce = form["nonce"], nonce.isEmpty || nonce.utf8.count > 512 { throw .invalidRequest("nonce must be 1 to 512 characters") }
+
+        guard let steps = upstream.inAppSignIn else {
+            return try await redirectToWeb(form, client: client)
+        }
+        guard let login = form["login_hint"], !login.isEmpty, login.utf8.count <= 254 else {
+            throw .invalidRequest("login_hint is required: the account's e-mail address or username (at most 254 bytes)")
+        }
+        var dialogue = ChallengeDialogue(clientID: client.clientID, upstream: client.upstream, scopes: scopes, codeChallenge: challenge,
+                                         appNonce: form["nonce"], login: login, step: .password, dpopJKT: input.proof?.thumbprint,
+                                         startedAt: now())
+        switch steps.firstStep {
+        case .password:
+            // Nothing is checked against the upstream yet: a known and an unknown account answer alike.
+            return try await save(dialogue) { .next(.password, session: $0) }
+        case .emailLink:
+            guard EmailAddress.isValid(login) else { return .failed(.invalidEmailAddress, session: nil) }
+            if let wait = takeAccount(dialogue) { return .failed(.tooManyRequests, session: nil, retryAfter: wait) }
+            dialogue.step = .emailLink
+            dialogue.emails = 1
+            if let refusal = await steps.sendEmailLink(to: login, clientAddress: input.address) {
+                let (failure, retryAfter) = Self.failure(of: refusal)
+                return .failed(failure, session: nil, retryAfter: retryAfter)
+            }
+            return try await save(dialogue) { .next(.emailLink, session: $0) }
+        }
+    }
+
+    /// `redirect_to_web`, with a `request_uri` for `/oauth/authorize` when the app's request is a
+    /// whole authorization request (its `redirect_uri` and `state` with the PKCE challenge):
+    /// without PKCE there is none (the draft forbids it), nor without a place to come back to.
+    private func redirectToWeb(_ form: FormParameters, client: AppClient) async throws(OAuthError) -> ChallengeAnswer {
+        let lifetime = configuration.server.transactionLifetime
+        guard form["redirect_uri"] != nil, form["state"] != nil,
+              case .proceed = AuthorizationRequest.decide(form, clients: [client.clientID: client]) else {
+            return .redirectToWeb(requestURI: nil, expiresIn: 0)
+        }
+        let parameters = AuthorizationRequest.parameterNames.sorted().compactMap { name in form[name].map { (name, $0) } }
+        do {
+            let requestURI = try await pushAuthorizationRequest(parameters, lifetime: lifetime)
+            return .redirectToWeb(requestURI: requestURI, expiresIn: Int(lifetime.inSeconds))
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+    }
+
+    // MARK: Later requests
+
+    private func proceed(_ input: ChallengeInput, session: String) async -> ChallengeAnswer {
+        let sealed: Data?
+        do {
+            sealed = try await store.consumeTransaction(stateHash: ChallengeDialogue.storeKey(authSession: session), now: now())
+        } catch {
+            return .refused(.serverError("Gatehouse cannot reach its store right now"))
+        }
+        guard let sealed, var dialogue = try? ChallengeDialogue.unsealed(sealed, with: session) else {
+            logger.info("authorization challenge with an unknown, used or expired auth_session")
+            return .invalidSession
+        }
+        if let clientID = input.form["client_id"], clientID != dialogue.clientID {
+            logger.warning("security event: an auth_session shown with another client_id")
+            return .invalidSession
+        }
+        // Bound to the first request's key: a stolen auth_session is worth nothing elsewhere, and is spent.
+        if let bound = dialogue.dpopJKT, input.proof?.thumbprint != bound {
+            logger.warning("security event: an auth_session shown without its DPoP key", metadata: ["client_id": .string(dialogue.clientID)])
+            return .refused(.invalidDPoPProof("this auth_session is bound to the DPoP key of its first request"))
+        }
+        guard let client = configuration.appClient(for: dialogue.clientID), client.inAppSignIn == .on,
+              let steps = upstreams[dialogue.upstream]?.inAppSignIn else {
+            return .invalidSession
+        }
+        do throws(OAuthError) {
+            return try await step(&dialogue, input: input, client: client, steps: steps)
+        } catch {
+            return .refused(error)
+        }
+    }
+
+    /// The current step with this request's input.
+    private func step(_ dialogue: inout ChallengeDialogue, input: ChallengeInput, client: AppClient, steps: any InAppSignInSteps)
+        async throws(OAuthError) -> ChallengeAnswer
+    {
+        let form = input.form
+        let present = ChallengeStep.inputFields.filter { form[$0] != nil }
+        let resend = form["resend"]
+        // One step at a time: another step's input (an otp before the password) is refused and counted.
+        let expected: Set<String> = switch dialogue.step {
+        case .unblockCode: resend == nil ? ["unblock_code", "password"] : []
+        case .emailLink: resend == nil ? ["email_code"] : []
+        case .password, .otp: [dialogue.step.field]
+        }
+        let resendable = (dialogue.step == .unblockCode || dialogue.step == .emailLink) && resend == dialogue.step.rawValue
+        guard present == expected, resend == nil || resendable else {
+            dialogue.attempts += 1
+            let waiting = dialogue.step
+            let detail = "this sign-in waits for \(expected.isEmpty ? "nothing but resend" : expected.sorted().joined(separator: " and "))"
+                + (resend == nil || resendable ? "" : "; resend must be \(waiting.rawValue) at this step")
+            guard dialogue.attempts < settings.attempts else { return .failed(.tooManyRequests, session: nil) }
+            return try await save(dialogue) { .refused(.invalidRequest(detail), session: $0) }
+        }
+        if let wait = takeAccount(dialogue) {
+            return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: wait) }
+        }
+        switch dialogue.step {
+        case .password:
+            return try await password(form["password"] ?? "", dialogue: &dialogue, client: client, steps: steps)
+        case .unblockCode:
+            if resend != nil { return try await sendUnblockCode(&dialogue) }
+            return try await unblock(code: form["unblock_code"] ?? "", password: form["password"] ?? "", dialogue: &dialogue, steps: steps)
+        case .otp:
+            let otp = form["otp"] ?? ""
+            guard otp.utf8.count == 6, otp.allSatisfy(\.isASCII), otp.allSatisfy(\.isNumber) else {
+                return try await wrong(&dialogue, .invalidTOTPCode)
+            }
+            guard let token = dialogue.secondFactor else { return .invalidSession }
+            return try await outcome(await steps.secondFactor(token: token, otp: otp), dialogue: &dialogue, wrong: .invalidTOTPCode)
+        case .emailLink:
+            if resend != nil {
+                guard dialogue.emails <= settings.resends else { return try await save(dialogue) { .failed(.tooManyRequests, session: $0) } }
+                dialogue.emails += 1
+                if let refusal = await steps.sendEmailLink(to: dialogue.login, clientAddress: input.address) {
+                    let (failure, retryAfter) = Self.failure(of: refusal)
+                    return try await save(dialogue) { .failed(failure, session: $0, retryAfter: retryAfter) }
+                }
+                return try await save(dialogue) { .next(.emailLink, session: $0) }
+            }
+            let code = form["email_code"] ?? ""
+            guard !code.isEmpty, code.utf8.count <= 512 else { return try await wrong(&dialogue, .invalidEmailCode) }
+            return try await outcome(await steps.emailCode(code), dialogue: &dialogue, wrong: .invalidEmailCode)
+        }
+    }
+
+    // MARK: Passwords and unblock codes
+
+    /// A password: relayed to the upstream, unless the account has failed too often lately (or the
+    /// instance is not certified), in which case an unblock code is e-mailed first.
+    private func password(_ password: String, dialogue: inout ChallengeDialogue, client: AppClient, steps: any InAppSignInSteps)
+        async throws(OAuthError) -> ChallengeAnswer
+    {
+        guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
+        let failures: Int
+        do {
+            failures = try await store.attemptCount(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        let uncertified = try await uncertified(client)
+        if failures >= settings.unblockAfter || uncertified {
+            guard EmailAddress.isValid(dialogue.login) else {
+                // No address to send a code to: the browser sign-in, with the upstream's own defences.
+                return try await redirectToWeb(FormParameters(), client: client)
+            }
+            logger.notice("in-app sign-in asks for an unblock code", metadata: ["client_id": .string(dialogue.clientID)])
+            dialogue.step = .unblockCode
+            return try await sendUnblockCode(&dialogue)
+        }
+        return try await relay(password, dialogue: &dialogue, steps: steps)
+    }
+
+    private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps) async throws(OAuthError)
+        -> ChallengeAnswer
+    {
+        let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes)
+        if case .refused(.wrongInput) = result {
+            do {
+                _ = try await store.countAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue),
+                                                 expiresAt: expiry(after: settings.failureWindow), now: now())
+            } catch {
+                throw .serverError("Gatehouse cannot reach its store right now")
+            }
+            audit.record(.sign_in_failed, clientID: dialogue.clientID, subject: nil, reason: InAppFailure.incorrectPassword.rawValue,
+                         metadata: ["upstream": .string(dialogue.upstream)])
+            // Back to the password, without the e-mailed code (a new one is sent if the account is now over the line).
+            dialogue.step = .password
+            dialogue.unblockCodeHash = nil
+        }
+        return try await outcome(result, dialogue: &dialogue, wrong: .incorrectPassword)
+    }
+
+    private func unblock(code: String, password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps)
+        async throws(OAuthError) -> ChallengeAnswer
+    {
+        guard let expected = dialogue.unblockCodeHash, let expiresAt = dialogue.unblockExpiresAt, expiresAt > now(),
+              SecureToken.constantTimeEquals(SecureToken.hash(code), expected) else {
+            return try await wrong(&dialogue, .invalidUnblockCode)
+        }
+        guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
+        dialogue.unblockCodeHash = nil
+        return try await relay(password, dialogue: &dialogue, steps: steps)
+    }
+
+    /// E-mails a fresh 6-digit code to the account and waits for it.
+    private func sendUnblockCode(_ dialogue: inout ChallengeDialogue) async throws(OAuthError) -> ChallengeAnswer {
+        guard dialogue.emails <= settings.resends else { return try await save(dialogue) { .failed(.tooManyRequests, session: $0) } }
+        guard let mailer else { return try await save(dialogue) { .failed(.failedToSendEmail, session: $0) } }
+        let code = Self.sixDigits()
+        dialogue.emails += 1
+        do {
+            try await mailer.send(MailMessage(to: dialogue.login, subject: "Your sign-in code", body: """
+                Someone is signing in to your account in the app. If it is you, enter this code:
+
+                    \(code)
+
+                It is valid for \(Int(settings.codeLifetime.inSeconds) / 60) minutes. If it is not you, ignore this message.
+                """))
+        } catch {
+            logger.warning("unblock code could not be e-mailed", metadata: ["error": .string(String(describing: type(of: error)))])
+            return try await save(dialogue) { .failed(.failedToSendEmail, session: $0) }
+        }
+        dialogue.unblockCodeHash = SecureToken.hash(code)
+        dialogue.unblockExpiresAt = expiry(after: settings.codeLifetime)
+        return try await save(dialogue) { .next(.unblockCode, session: $0) }
+    }
+
+    // MARK: Outcomes
+
+    /// What the upstream made of a step: the code, the next step, or the catalog's failure.
+    private func outcome(_ result: InAppOutcome, dialogue: inout ChallengeDialogue, wrong failure: InAppFailure)
+        async throws(OAuthError) -> ChallengeAnswer
+    {
+        switch result {
+        case .signedIn(let grant):
+            try? await store.resetAttempts(purpose: Self.failurePurpose, keyHash: accountKey(dialogue))
+            return try await issueCode(grant, dialogue: dialogue)
+        case .secondFactor(let token):
+            try? await store.resetAttempts(purpose: Self.failurePurpose, keyHash: accountKey(dialogue))
+            dialogue.step = .otp
+            dialogue.secondFactor = token
+            return try await save(dialogue) { .next(.otp, session: $0) }
+        case .refused(.wrongInput):
+            return try await wrong(&dialogue, failure)
+        case .refused(.unusable(let detail)):
+            logger.warning("in-app sign-in failed at the upstream", metadata: ["upstream": .string(dialogue.upstream), "reason": .string(detail)])
+            return .failed(.authenticationFailure, session: nil)
+        case .refused(let refusal):
+            let (failure, retryAfter) = Self.failure(of: refusal)
+            return try await save(dialogue) { .failed(failure, session: $0, retryAfter: retryAfter) }
+        }
+    }
+
+    /// A wrong input: counted; the dialogue ends after `in_app_sign_in.attempts`.
+    private func wrong(_ dialogue: inout ChallengeDialogue, _ failure: InAppFailure) async throws(OAuthError) -> ChallengeAnswer {
+        dialogue.attempts += 1
+        guard dialogue.attempts < settings.attempts else {
+            logger.notice("in-app sign-in ended after too many wrong inputs", metadata: ["client_id": .string(dialogue.clientID)])
+            return .failed(.tooManyRequests, session: nil)
+        }
+        return try await save(dialogue) { [step = dialogue.step] in .next(step, session: $0, failure: failure) }
+    }
+
+    /// The Gatehouse code the dialogue ends with: a browser sign-in's code without a redirect URI,
+    /// bound to the dialogue's DPoP key.
+    private func issueCode(_ grant: UpstreamGrant, dialogue: ChallengeDialogue) async throws(OAuthError) -> ChallengeAnswer {
+        var issued = IssuedCode(clientID: dialogue.clientID, redirectURI: IssuedCode.noRedirectURI, codeChallenge: dialogue.codeChallenge,
+                                upstream: dialogue.upstream, tokenResponse: grant.tokens?.json ?? Data("{}".utf8),
+                                userinfo: grant.userinfo, appNonce: dialogue.appNonce, subject: grant.subject)
+        issued.dpopJKT = dialogue.dpopJKT
+        let code = SecureToken.generate()
+        do {
+            try await store.insertCode(sealed: try issued.sealed(with: code), codeHash: SecureToken.hash(code),
+                                       expiresAt: expiry(after: configuration.server.codeLifetime))
+        } catch {
+            throw .serverError("Gatehouse could not record the sign-in")
+        }
+        logger.info("code issued to app", metadata: ["client_id": .string(dialogue.clientID), "via": "authorize-challenge"])
+        return .code(code)
+    }
+
+    /// Keeps the dialogue under a fresh `auth_session` and answers with it.
+    private func save(_ dialogue: ChallengeDialogue, answer: (String) -> ChallengeAnswer) async throws(OAuthError) -> ChallengeAnswer {
+        let session = SecureToken.generate()
+        do {
+            try await store.insertTransaction(sealed: try dialogue.sealed(with: session),
+                                              stateHash: ChallengeDialogue.storeKey(authSession: session),
+                                              expiresAt: expiry(after: settings.sessionLifetime))
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        return answer(session)
+    }
+
+    // MARK: Helpers
+
+    static let failurePurpose = "in-app-password"
+
+    /// The account's key in the store and the limits: its upstream and login, hashed.
+    private func accountKey(_ dialogue: ChallengeDialogue) -> String {
+        SecureToken.hash(dialogue.upstream + "\n" + dialogue.login.lowercased())
+    }
+
+    /// One token of the account's bucket; the wait in seconds when empty.
+    private func takeAccount(_ dialogue: ChallengeDialogue) -> Int? {
+        limits.take(.in_app_account, key: accountKey(dialogue), clientID: dialogue.clientID)?.retryAfterSeconds
+    }
+
+    /// Whether the client is an app instance no platform or code has certified.
+    private func uncertified(_ client: AppClient) async throws(OAuthError) -> Bool {
+        guard client.isInstance else { return false }
+        let instance: InstanceRecord?
+        do {
+            instance = try await store.instance(id: client.clientID)
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        return instance?.certification == nil
+    }
+
+    static func failure(of refusal: InAppRefusal) -> (InAppFailure, Int?) {
+        switch refusal {
+        case .rateLimited(let seconds): (.tooManyRequests, seconds)
+        case .unavailable: (.serverUnavailable, nil)
+        case .timeout: (.requestTimeout, nil)
+        case .wrongInput, .unusable: (.authenticationFailure, nil)
+        }
+    }
+
+    static func sixDigits() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return String(format: "%06d", Int.random(in: 0..<1_000_000, using: &generator))
+    }
+}

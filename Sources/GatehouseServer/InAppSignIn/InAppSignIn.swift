@@ -1,0 +1,139 @@
+import Foundation
+import GatehouseCore
+import GatehouseUpstreams
+import HTTPTypes
+import Hummingbird
+import Logging
+
+/// In-app sign-in: the Authorization Challenge Endpoint of OAuth 2.0 for First-Party
+/// Applications (draft-ietf-oauth-first-party-apps-04), in front of whatever the app's upstream
+/// can do without a browser (`UpstreamProfile.inAppSignIn`): a password relayed once, the
+/// upstream's second factor, its e-mailed link; Gatehouse's own unblock code on top; the browser
+/// (`redirect_to_web`) for everything else. The dialogue ends in an ordinary Gatehouse code,
+/// redeemed at `/oauth/token` without `redirect_uri`. Built when an app has `in_app_sign_in: on`.
+struct InAppSignIn: GatehouseFeature {
+    let context: GatehouseContext
+    /// The mail relay of unblock codes (the configuration requires one).
+    let mailer: (any Mailer)?
+    /// App instances, when an app has them: an instance signs in only while live, and an
+    /// uncertified one passes an unblock code first.
+    let instances: AppInstances?
+
+    static let path = "/oauth/authorize-challenge"
+
+    /// Every parameter the endpoint reads; others are ignored (RFC 6749 §3.1).
+    static let parameterNames: Set<String> = AuthorizationRequest.parameterNames
+        .union(["login_hint", "auth_session", "resend"]).union(ChallengeStep.inputFields)
+
+    var settings: InAppSignInSettings { configuration.inAppSignIn }
+}
+
+/// One answer of the endpoint: JSON, `Cache-Control: no-store`, `Pragma: no-cache`.
+struct ChallengeAnswer {
+    var status: Int
+    var body: [String: ChallengeValue]
+    var retryAfter: Int?
+    var dpopNonce: String?
+
+    enum ChallengeValue: Encodable {
+        case string(String)
+        case number(Int)
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.singleValueContainer()
+            switch self {
+            case .string(let text): try container.encode(text)
+            case .number(let number): try container.encode(number)
+            }
+        }
+    }
+
+    /// Done: the code for `/oauth/token`.
+    static func code(_ code: String) -> ChallengeAnswer {
+        ChallengeAnswer(status: 200, body: ["authorization_code": .string(code)])
+    }
+
+    /// The next step, with the failure of the previous input when there was one.
+    static func next(_ step: ChallengeStep, session: String, failure: InAppFailure? = nil) -> ChallengeAnswer {
+        var body: [String: ChallengeValue] = [
+            "error": .string("insufficient_authorization"), "auth_session": .string(session), "step": .string(step.rawValue),
+            "error_description": .string(failure.map(Self.describe) ?? Self.ask(step)),
+        ]
+        if let failure { body["failure"] = .string(failure.rawValue) }
+        return ChallengeAnswer(status: 403, body: body)
+    }
+
+    /// The dialogue cannot go on in the app: the browser.
+    static func redirectToWeb(requestURI: String?, expiresIn: Int) -> ChallengeAnswer {
+        var body: [String: ChallengeValue] = [
+            "error": .string("redirect_to_web"),
+            "error_description": .string("This sign-in continues in the browser."),
+        ]
+        if let requestURI {
+            body["request_uri"] = .string(requestURI)
+            body["expires_in"] = .number(expiresIn)
+        }
+        return ChallengeAnswer(status: 403, body: body)
+    }
+
+    /// A catalog failure that is not a step's wrong input (limits, the upstream, the mail relay),
+    /// with the next `auth_session` when the dialogue goes on.
+    static func failed(_ failure: InAppFailure, session: String?, retryAfter: Int? = nil) -> ChallengeAnswer {
+        let code = switch failure {
+        case .authenticationFailure: "server_error"
+        case .invalidEmailAddress: "invalid_request"
+        default: "temporarily_unavailable"
+        }
+        var body: [String: ChallengeValue] = [
+            "error": .string(code), "failure": .string(failure.rawValue), "error_description": .string(describe(failure)),
+        ]
+        if let session { body["auth_session"] = .string(session) }
+        if let retryAfter { body["retry_after"] = .number(retryAfter) }
+        return ChallengeAnswer(status: failure.status, body: body, retryAfter: retryAfter)
+    }
+
+    /// An OAuth error of the request itself (RFC 6749 §5.2, the draft's `invalid_session`), with
+    /// the next `auth_session` when the dialogue goes on.
+    static func refused(_ error: OAuthError, session: String? = nil) -> ChallengeAnswer {
+        var body: [String: ChallengeValue] = ["error": .string(error.code), "error_description": .string(error.detail)]
+        if let session { body["auth_session"] = .string(session) }
+        return ChallengeAnswer(status: error.status, body: body, retryAfter: error.retryAfter, dpopNonce: error.dpopNonce)
+    }
+
+    static let invalidSession = ChallengeAnswer(status: 400, body: [
+        "error": .string("invalid_session"),
+        "error_description": .string("The auth_session is unknown, already used, expired, or another app's: start again."),
+    ])
+
+    var response: Response {
+        var response = Response.oauthJSON(JSONCoding.encode(body), status: .init(code: status))
+        if let retryAfter { response.headers[.retryAfter] = String(retryAfter) }
+        if status == 401 { response.headers[.wwwAuthenticate] = #"Basic realm="gatehouse""# }
+        if let dpopNonce { response.headers[HTTPField.Name("DPoP-Nonce")!] = dpopNonce }
+        return response
+    }
+
+    static func ask(_ step: ChallengeStep) -> String {
+        switch step {
+        case .password: "Send the account's password."
+        case .unblockCode: "A code was e-mailed to the account's address: send it, with the password."
+        case .otp: "Send the 6-digit code of the account's authenticator app."
+        case .emailLink: "A sign-in link was e-mailed to the account's address: send the code it hands to the app."
+        }
+    }
+
+    static func describe(_ failure: InAppFailure) -> String {
+        switch failure {
+        case .incorrectPassword: "The password is incorrect."
+        case .invalidUnblockCode: "The unblock code is wrong or has expired."
+        case .invalidTOTPCode: "The code is wrong."
+        case .invalidEmailCode: "The link's code is wrong or has expired: ask for a new link."
+        case .invalidEmailAddress: "login_hint must be an e-mail address for this sign-in."
+        case .tooManyRequests: "Too many attempts: wait before trying again."
+        case .failedToSendEmail: "Gatehouse could not send the e-mail right now."
+        case .serverUnavailable: "The sign-in service cannot be reached right now."
+        case .requestTimeout: "The sign-in service did not answer in time."
+        case .authenticationFailure: "The sign-in could not be completed: start again, or sign in in the browser."
+        }
+    }
+}
