@@ -20,7 +20,9 @@ Success paths are checked too, not only refusals:
   of the central sign-in provider double (sandbox/central.py), fuzzed (with live codes,
   refresh tokens and Apple identity tokens among the values drawn) and sent by hand, the standard
   face (authorize, the provider, the cookie-bound callback, the token endpoint, the relay) included.
-  The suite's Gatehouse has no central upstream, so the whole-API run leaves the `central` tag out.
+  The suite's Gatehouse has no central upstream, so the whole-API run leaves the `central` tag out;
+  nor an app with in-app sign-in, so it leaves the `in-app` tag out too (test_in_app_sign_in
+  fuzzes that endpoint on a Gatehouse of its own).
 
 The fuzzer's configuration (it holds live tokens) is written to the test's own folder, never to
 a log; output is shown with every known secret replaced (schemathesis masks the Authorization
@@ -164,7 +166,7 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 [[operations]]
 include-tag = "instances"
 checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
-""", "--exclude-tag", "central", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
+""", "--exclude-tag", "central", "--exclude-tag", "in-app", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     # The fuzzer must have reached the success paths it can draw. A revocation's 200 is not among
     # them: schemathesis draws form bodies from the dictionaries only now and then (a fresh clone
     # got none in 40 examples), so revocations that succeed are sent by hand, below.

@@ -95,6 +95,35 @@ struct InstanceStoreContractTests {
     }
 
     @Test(arguments: StoreKind.available)
+    func attemptCountersCountEveryRacerWithinTheirWindow(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            let now = Date()
+            let window = now.addingTimeInterval(60)
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now) == 0)
+            #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: window, now: now) == 1)
+            // Thirty racers (two instances at once, many times over): every one is counted.
+            let counts = try await withThrowingTaskGroup(of: Int.self) { group in
+                for _ in 0..<30 { group.addTask { try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: window, now: now) } }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+            #expect(Set(counts) == Set(2...31))
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now) == 31)
+            // Another key, another purpose: their own counters.
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "b", now: now) == 0)
+            #expect(try await store.attemptCount(purpose: "q", keyHash: "a", now: now) == 0)
+            // A later attempt keeps the running window; once it ends, the count starts again.
+            #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: now.addingTimeInterval(600), now: now) == 32)
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
+            #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: now.addingTimeInterval(200), now: now.addingTimeInterval(61)) == 1)
+            try await store.resetAttempts(purpose: "p", keyHash: "a")
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
+            // Swept with the other single-use rows.
+            _ = try await store.countAttempt(purpose: "p", keyHash: "c", expiresAt: now.addingTimeInterval(1), now: now)
+            #expect(try await store.sweepExpired(now: now.addingTimeInterval(2)) >= 1)
+        }
+    }
+
+    @Test(arguments: StoreKind.available)
     func certificationTriesAreCountedAndLockAfterTheLast(kind: StoreKind) async throws {
         try await withStore(kind) { store in
             let now = Date()
