@@ -1,6 +1,7 @@
-/// E-mail addresses as Gatehouse accepts them: valibot's `email()` rule (the central provider's
-/// `EMAIL_REGEX`, ASCII word characters), within RFC 5321's 254 characters. An address Gatehouse
-/// accepts is one the central provider accepts, and one its mail relay can write to.
+/// E-mail addresses as Gatehouse accepts them: valibot's `email()` rule (ASCII word characters,
+/// a dotted domain with a 2-letter or longer top level), within RFC 5321's 254 characters. Every
+/// face that takes an address uses this one rule, so an address one accepts the others accept,
+/// and Gatehouse's mail relay can write to it.
 public enum EmailAddress {
     public static func isValid(_ text: String) -> Bool {
         guard text.utf8.count <= 254 else { return false }

@@ -95,7 +95,8 @@ struct CentralAPIRequest {
         }
     }
 
-    /// An address the central provider accepts (`EmailAddress`, its rule).
+    /// An address the central provider accepts: `EmailAddress` is valibot's `email()` rule, the
+    /// provider's `EMAIL_REGEX`.
     static func isEmail(_ text: String) -> Bool { EmailAddress.isValid(text) }
 
     /// A field name as it may be echoed: at most 64 characters, controls dropped.
