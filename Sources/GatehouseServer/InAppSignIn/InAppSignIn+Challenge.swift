@@ -168,7 +168,7 @@ extension InAppSignIn {
             let waiting = dialogue.step
             let detail = "this sign-in waits for \(expected.isEmpty ? "nothing but resend" : expected.sorted().joined(separator: " and "))"
                 + (resend == nil || resendable ? "" : "; resend must be \(waiting.rawValue) at this step")
-            guard dialogue.attempts < settings.attempts else { return .failed(.tooManyRequests, session: nil) }
+            guard dialogue.attempts < settings.attempts else { return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause) }
             return try await save(dialogue) { .refused(.invalidRequest(detail), session: $0) }
         }
         if let wait = takeAccount(dialogue) {
@@ -189,7 +189,9 @@ extension InAppSignIn {
             return try await outcome(await steps.secondFactor(token: token, otp: otp), dialogue: &dialogue, wrong: .invalidTOTPCode)
         case .emailLink:
             if resend != nil {
-                guard dialogue.emails <= settings.resends else { return try await save(dialogue) { .failed(.tooManyRequests, session: $0) } }
+                guard dialogue.emails <= settings.resends else {
+                    return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.pause) }
+                }
                 dialogue.emails += 1
                 if let refusal = await steps.sendEmailLink(to: dialogue.login, clientAddress: input.address) {
                     let (failure, retryAfter) = Self.failure(of: refusal)
@@ -224,7 +226,6 @@ extension InAppSignIn {
                 return try await redirectToWeb(FormParameters(), client: client)
             }
             logger.notice("in-app sign-in asks for an unblock code", metadata: ["client_id": .string(dialogue.clientID)])
-            dialogue.step = .unblockCode
             return try await sendUnblockCode(&dialogue)
         }
         return try await relay(password, dialogue: &dialogue, steps: steps)
@@ -262,9 +263,12 @@ extension InAppSignIn {
         return try await relay(password, dialogue: &dialogue, steps: steps)
     }
 
-    /// E-mails a fresh 6-digit code to the account and waits for it.
+    /// E-mails a fresh 6-digit code to the account and waits for it. When the e-mail cannot go,
+    /// the dialogue stays at its step (the password: the app sends it again later).
     private func sendUnblockCode(_ dialogue: inout ChallengeDialogue) async throws(OAuthError) -> ChallengeAnswer {
-        guard dialogue.emails <= settings.resends else { return try await save(dialogue) { .failed(.tooManyRequests, session: $0) } }
+        guard dialogue.emails <= settings.resends else {
+            return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.pause) }
+        }
         guard let mailer else { return try await save(dialogue) { .failed(.failedToSendEmail, session: $0) } }
         let code = Self.sixDigits()
         dialogue.emails += 1
@@ -280,6 +284,7 @@ extension InAppSignIn {
             logger.warning("unblock code could not be e-mailed", metadata: ["error": .string(String(describing: type(of: error)))])
             return try await save(dialogue) { .failed(.failedToSendEmail, session: $0) }
         }
+        dialogue.step = .unblockCode
         dialogue.unblockCodeHash = SecureToken.hash(code)
         dialogue.unblockExpiresAt = expiry(after: settings.codeLifetime)
         return try await save(dialogue) { .next(.unblockCode, session: $0) }
@@ -316,7 +321,7 @@ extension InAppSignIn {
         dialogue.attempts += 1
         guard dialogue.attempts < settings.attempts else {
             logger.notice("in-app sign-in ended after too many wrong inputs", metadata: ["client_id": .string(dialogue.clientID)])
-            return .failed(.tooManyRequests, session: nil)
+            return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause)
         }
         return try await save(dialogue) { [step = dialogue.step] in .next(step, session: $0, failure: failure) }
     }
@@ -355,6 +360,10 @@ extension InAppSignIn {
     // MARK: Helpers
 
     static let failurePurpose = "in-app-password"
+
+    /// The wait a per-dialogue limit answers with (too many wrong inputs, no more e-mails): a pause
+    /// before the user starts again; the limits per account and address decide what comes after.
+    static let pause = 30
 
     /// The account's key in the store and the limits: its upstream and login, hashed.
     private func accountKey(_ dialogue: ChallengeDialogue) -> String {

@@ -287,6 +287,8 @@ struct InAppSignInTests {
             #expect(last.status == .tooManyRequests)
             #expect(json(last)["failure"] as? String == "too_many_requests")
             #expect(json(last)["auth_session"] == nil)
+            #expect(last.headers[.retryAfter] == "30")
+            #expect(json(last)["retry_after"] as? Int == 30)
         }
     }
 
