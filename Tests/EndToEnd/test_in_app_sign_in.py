@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from sandbox import central as centrald  # noqa: E402
 from auth0mfa import GRANT_MFA_OTP, GRANT_PASSWORD, Auth0MFA, read_arrival  # noqa: E402
-from backends import EchoBackend  # noqa: E402
+from backends import EchoBackend, self_signed_certificate  # noqa: E402
 from dpop import Key  # noqa: E402
 from nativeapp import APP_REDIRECT, InAppBrowser, free_port, pkce_pair, query  # noqa: E402
 from smtpsink import SMTPSink  # noqa: E402
@@ -72,6 +72,8 @@ APP_THROTTLED = "com.example.inapp.throttled"
 APP_CENTRAL = "com.example.inapp.central"
 APP_BROWSER = "com.example.inapp.browser"
 APP_WEB = "com.example.inapp.web"          # the `dot` upstream, in_app_sign_in off
+APP_INSTANCES = "com.example.inapp.instances"  # registered instances, never certified (attestation off)
+APP_ATTESTED = "com.example.inapp.attested"    # attestation: required
 CENTRAL_APP_ID = "inapp-central"
 CENTRAL_SCHEME = "com.example.inapp.central"
 DOT_SCOPE, AUTH0_SCOPE = "read write", "openid profile email offline_access"
@@ -88,6 +90,8 @@ AUTH_SESSION = re.compile(r"[A-Za-z0-9_-]{43,}")   # 256 bits: 43 base64url char
 #: DOT accounts, made at the upstream's start: each test takes its own (take_account), so no
 #: failure counted against one account leaks into another test.
 DOT_ACCOUNTS = [(f"reader{index:02d}@example.test", secrets.token_urlsafe(18)) for index in range(48)]
+#: A DOT account whose username is no e-mail address: no unblock code can reach it.
+PLAIN_ACCOUNT = ("plainreader", secrets.token_urlsafe(18))
 
 
 # --------------------------------------------------------------------------- the recording forwarder
@@ -217,7 +221,14 @@ upstreams:{dot_upstream(world)}{auth0_upstream("auth0", world.auth0, "AUTH0_CLIE
 clients:{in_app_client(APP_DOT, "dot", DOT_SCOPE)}{in_app_client(APP_AUTH0, "auth0", AUTH0_SCOPE)}\
 {in_app_client(APP_FAULTY, "auth0-faulty", AUTH0_SCOPE)}{in_app_client(APP_THROTTLED, "auth0-throttled", AUTH0_SCOPE)}\
 {in_app_client(APP_CENTRAL, "central")}\
-{in_app_client(APP_BROWSER, "browser", DOT_SCOPE)}{in_app_client(APP_WEB, "dot", DOT_SCOPE, in_app="off")}
+{in_app_client(APP_BROWSER, "browser", DOT_SCOPE)}{in_app_client(APP_WEB, "dot", DOT_SCOPE, in_app="off")}\
+{in_app_client(APP_INSTANCES, "dot", DOT_SCOPE)}
+    instances: {{}}{in_app_client(APP_ATTESTED, "dot", DOT_SCOPE)}
+    instances:
+      attestation: required
+      apple:
+        app_id: ABCDE12345.{APP_ATTESTED}
+        root_ca_file: {world.apple_root}
 routes:
   - prefix: /api/inapp-dot
     backend: {world.backend.url}/dot
@@ -274,12 +285,13 @@ def world(workdir, seen):
     Auth0 doubles, the central double, an echo backend; the ports of this module's Gatehouses."""
     ports = {name: free_port() for name in ("main", "limited", "mailless", "off")}
     callbacks = [f"http://127.0.0.1:{port}/oauth/callback" for port in ports.values()]
-    for _, password in DOT_ACCOUNTS:
+    for _, password in DOT_ACCOUNTS + [PLAIN_ACCOUNT]:
         seen.add(password, kind="password typed in the app")
     for name in ("app-private.pem", "jwt-a.pem"):
         seen.add(*[line for line in (FIXTURES / name).read_text().splitlines() if line and not line.startswith("-----")],
                  kind="central fixture private key (PEM line)")
     users = [{"username": address, "password": password, "email": address} for address, password in DOT_ACCOUNTS]
+    users.append({"username": PLAIN_ACCOUNT[0], "password": PLAIN_ACCOUNT[1], "email": ""})
     applications = [
         {"client_id": "gatehouse-password", "client_secret_env": "UPSTREAM_SECRET_LEGACY", "grant_type": "password",
          "pkce_required": False},
@@ -300,13 +312,14 @@ def world(workdir, seen):
         stack.callback(throttled.stop)
         backend = EchoBackend()
         stack.callback(backend.stop)
+        apple_root, _ = self_signed_certificate(workdir, "in-app-apple-root")
         central = stack.enter_context(centrald.start(workdir, "in-app-central-double", {"apps": {CENTRAL_APP_ID: centrald.app_config(
             f"http://127.0.0.1:{ports['main']}", FIXTURES / "app-public.pem", mobile_scheme=CENTRAL_SCHEME)}}))
         env = dict(dot["env"], AUTH0_CLIENT_SECRET=auth0.client_secret, AUTH0_FAULTY_SECRET=faulty.client_secret,
                    AUTH0_THROTTLED_SECRET=throttled.client_secret)
         yield SimpleNamespace(workdir=workdir, seen=seen, ports=ports, sink=sink, dot_url=dot["url"], wire=wire, auth0=auth0,
                               faulty=faulty, throttled=throttled, backend=backend, central=central, env=env,
-                              accounts=iter(DOT_ACCOUNTS))
+                              apple_root=apple_root, accounts=iter(DOT_ACCOUNTS))
 
 
 @pytest.fixture(scope="module")
@@ -389,10 +402,13 @@ class Dialogue:
         seen.add(self.verifier, kind="app PKCE verifier")
         self.auth_session = None
 
-    def post(self, form, key="own"):
+    def post(self, form, key="own", proof=None):
+        """POSTs `form`; the DPoP header is `proof` when given (any text), else a proof by `key`."""
         key = self.key if key == "own" else key
         headers = {"X-Forwarded-For": self.address}
-        if key is not None:
+        if proof is not None:
+            headers["DPoP"] = proof
+        elif key is not None:
             headers["DPoP"] = key.proof("POST", self.url)
         answer = requests.post(self.url, data={k: v for k, v in form.items() if v is not None}, headers=headers, timeout=60)
         assert answer.status_code != 500, answer.text
@@ -410,8 +426,8 @@ class Dialogue:
         form.update(extra)
         return self.post(form)
 
-    def send(self, auth_session=None, key="own", **fields):
-        return self.post({"client_id": self.client_id, "auth_session": auth_session or self.auth_session, **fields}, key)
+    def send(self, auth_session=None, key="own", proof=None, **fields):
+        return self.post({"client_id": self.client_id, "auth_session": auth_session or self.auth_session, **fields}, key, proof)
 
     def redeem(self, code, key="own", verifier=None):
         """The code at /oauth/token with the PKCE verifier and no redirect_uri (DPoP proof by `key`)."""
@@ -996,9 +1012,12 @@ def test_an_unusable_upstream_answer_is_authentication_failure(main, world, seen
     expect_step(dialogue.begin(user.username), "password")
     faulty.fault("garbage")
     try:
-        expect_error(dialogue.send(password=user.password), 502, "server_error", "authentication_failure")
+        body = expect_error(dialogue.send(password=user.password), 502, "server_error", "authentication_failure")
     finally:
         faulty.clear_faults()
+    # It ends the dialogue: no next auth_session, and the one used is spent.
+    assert "auth_session" not in body, body
+    expect_error(dialogue.send(password=user.password), 400, "invalid_session")
 
 
 def test_failed_to_send_email_when_the_mail_relay_is_down(mailless, world, seen):
@@ -1138,21 +1157,40 @@ def test_an_auth_session_is_single_use(main, world, seen):
     assert world.wire.since(mark) == []
 
 
-def test_an_auth_session_cannot_be_continued_with_another_dpop_key_nor_without_one(main, world, seen):
+def test_another_dpop_key_ends_the_dialogue_and_reaches_no_upstream(main, world, seen):
     account = take_account(world)
     owner, thief = Key(), Key()
     dialogue = Dialogue(main, seen, APP_DOT, key=owner)
-    current = expect_step(dialogue.begin(account[0], scope=DOT_SCOPE), "password")["auth_session"]
+    expect_step(dialogue.begin(account[0], scope=DOT_SCOPE), "password")
     mark = world.wire.mark()
     stolen = expect_error(dialogue.send(key=thief, password=account[1]), 400, "invalid_dpop_proof")
-    bare = expect_error(dialogue.send(key=None, password=account[1]), 400, "invalid_dpop_proof")
-    assert "auth_session" not in stolen and "auth_session" not in bare
-    assert world.wire.since(mark) == [], "a request without the dialogue's key reached the upstream"
-    # Refusals without an auth_session leave the current one valid: the owner goes on with it.
+    assert "auth_session" not in stolen, "the thief was handed the next auth_session"
+    # The dialogue is over: its owner starts again too.
+    expect_error(dialogue.send(password=account[1]), 400, "invalid_session")
+    assert world.wire.since(mark) == [], "a request of another key reached the upstream"
+
+
+def test_a_malformed_or_missing_proof_is_refused_before_the_upstream(main, world, seen):
+    account = take_account(world)
+    owner = Key()
+    dialogue = Dialogue(main, seen, APP_DOT, key=owner)
+    current = expect_step(dialogue.begin(account[0], scope=DOT_SCOPE), "password")["auth_session"]
+    mark = world.wire.mark()
+    for proof in ("not-a-proof", owner.proof("POST", dialogue.url).rsplit(".", 1)[0] + ".AAAA"):
+        body = expect_error(dialogue.send(proof=proof, password=account[1]), 400, "invalid_dpop_proof")
+        assert "auth_session" not in body, body
+    assert world.wire.since(mark) == []
+    # A proof Gatehouse could not read leaves the dialogue as it was: the owner goes on.
     assert dialogue.auth_session == current
     code = expect_code(dialogue.send(password=account[1]))
     tokens = dialogue.redeem(code)
     assert tokens.status_code == 200 and tokens.json()["token_type"] == "DPoP", tokens.text
+    # Without a proof at all: refused as well, and nothing goes upstream.
+    other = Dialogue(main, seen, APP_DOT, key=owner)
+    expect_step(other.begin(account[0], scope=DOT_SCOPE), "password")
+    mark = world.wire.mark()
+    body = expect_error(other.send(key=None, password=account[1]), 400, "invalid_dpop_proof")
+    assert "auth_session" not in body and world.wire.since(mark) == []
 
 
 def test_the_code_of_a_bound_dialogue_is_refused_to_another_key(main, world, seen):
@@ -1187,16 +1225,11 @@ def test_another_apps_auth_session_is_invalid_session(main, world, seen):
 
 
 def expect_refused_step(dialogue, **fields):
-    """400 invalid_request for a request with another step's fields. The dialogue goes on at its
-    step: with the auth_session the refusal carries, or (none carried) the one it had."""
+    """400 invalid_request for a request with another step's fields; the dialogue goes on at its
+    step with the next auth_session the refusal carries (the one shown is spent)."""
     current = dialogue.auth_session
     body = expect_error(dialogue.send(**fields), 400, "invalid_request")
-    if "auth_session" in body:
-        assert AUTH_SESSION.fullmatch(body["auth_session"]) and body["auth_session"] != current, body
-        expect_error(dialogue.send(auth_session=current, **fields), 400, "invalid_session")
-        dialogue.auth_session = body["auth_session"]
-    else:
-        assert dialogue.auth_session == current
+    assert AUTH_SESSION.fullmatch(body.get("auth_session") or "") and body["auth_session"] != current, body
     return body
 
 
@@ -1205,11 +1238,13 @@ def test_a_step_cannot_be_skipped_and_the_dialogue_stays_at_its_step(main, world
     dialogue = Dialogue(main, seen, APP_DOT)
     expect_step(dialogue.begin(account[0]), "password")
     mark = world.wire.mark()
-    # Four refusals: fewer than in_app_sign_in.attempts, which they may count as wrong inputs.
+    # Four refusals: each counts as a wrong input, fewer than in_app_sign_in.attempts.
     for fields in ({"otp": "123456"}, {"unblock_code": "123456"}, {"resend": "unblock_code"},
                    {"password": account[1], "otp": "123456"}):
+        spent = dialogue.auth_session
         expect_refused_step(dialogue, **fields)
     assert world.wire.since(mark) == [], "a refused step reached the upstream"
+    expect_error(dialogue.send(auth_session=spent, password=account[1]), 400, "invalid_session")
     expect_code(dialogue.send(password=account[1]))
 
 
@@ -1244,7 +1279,7 @@ def test_too_many_wrong_inputs_end_the_dialogue(main, world, seen):
     # The fifth wrong input ends the dialogue (at the latest the sixth request is refused), and no
     # more than five wrong codes reached Auth0.
     assert answers[-1].status_code == 429, [a.status_code for a in answers]
-    expect_too_many(answers[-1])
+    assert "auth_session" not in expect_too_many(answers[-1]), "the ended dialogue handed out a next auth_session"
     assert len(answers) in (ATTEMPTS, ATTEMPTS + 1), len(answers)
     assert len(auth0.since(mark, grant_type=GRANT_MFA_OTP)) <= ATTEMPTS
     ended = auth0.mark()
@@ -1285,21 +1320,14 @@ def test_resending_the_unblock_code_is_limited_per_dialogue(main, world, seen):
     mail_mark = world.sink.count()
     expect_step(dialogue.send(password=account[1]), "unblock_code")
     unblock_mail(world, account[0], mail_mark)
-    answers = []
-    for _ in range(RESENDS + 1):
+    for _ in range(RESENDS):  # in_app_sign_in.resends: e-mails beyond the first
         before = world.sink.count()
-        answer = dialogue.send(resend="unblock_code")
-        answers.append(answer.status_code)
-        if answer.status_code == 429:
-            expect_too_many(answer)
-            break
-        expect_step(answer, "unblock_code")
-        unblock_mail(world, account[0], before)  # each accepted resend is an e-mail with a code
-    assert answers[-1] == 429, answers
-    sent = mails_to(world, account[0], mail_mark)
-    assert len(sent) <= 1 + RESENDS, f"{len(sent)} e-mails in one dialogue"
-    for message in sent:
-        code_in(message, seen)
+        expect_step(dialogue.send(resend="unblock_code"), "unblock_code")
+        latest = unblock_mail(world, account[0], before)
+    expect_too_many(dialogue.send(resend="unblock_code"))
+    assert len(mails_to(world, account[0], mail_mark)) == 1 + RESENDS
+    # The latest code still opens the dialogue (the refused resend left it as it was, or handed the next auth_session).
+    expect_code(dialogue.send(unblock_code=latest, password=account[1]))
 
 
 def test_known_and_unknown_accounts_answer_alike(main, world, seen):
@@ -1361,6 +1389,90 @@ def test_a_bound_dialogue_keeps_the_password_off_every_other_path(main, world, s
     arrivals = auth0.since(mark)
     assert_password_only_at_the_token_endpoint(arrivals, user.password, 1, "/oauth/token", auth0.client_secret, "client_secret_post")
     assert all(a.client_authenticated for a in arrivals if a.path in ("/oauth/token", "/mfa/challenge"))
+
+
+def test_a_refused_password_after_the_code_needs_a_new_code_and_success_clears_the_count(main, world, seen):
+    account = take_account(world)
+    wrongs = [secrets.token_urlsafe(18) for _ in range(UNBLOCK_AFTER + 2)]
+    seen.add(*wrongs, kind="password typed in the app")
+    mark = world.wire.mark()
+    dialogue = Dialogue(main, seen, APP_DOT)
+    expect_step(dialogue.begin(account[0]), "password")
+    for wrong in wrongs[:UNBLOCK_AFTER]:
+        expect_step(dialogue.send(password=wrong), "password", failure="incorrect_password")
+    mail_mark = world.sink.count()
+    expect_step(dialogue.send(password=account[1]), "unblock_code")
+    first = unblock_mail(world, account[0], mail_mark)
+    # The code with a password the upstream refuses: back to the password step...
+    expect_step(dialogue.send(unblock_code=first, password=wrongs[UNBLOCK_AFTER]), "password", failure="incorrect_password")
+    # ... and the next password is met with a new code, which the old one does not replace.
+    mail_mark = world.sink.count()
+    expect_step(dialogue.send(password=account[1]), "unblock_code")
+    second = unblock_mail(world, account[0], mail_mark)
+    expect_code(dialogue.send(unblock_code=second, password=account[1]))
+    grants = password_grants(world.wire.since(mark), account[0])
+    assert [g.fields["password"] for g in grants] == [*wrongs[:UNBLOCK_AFTER + 1], account[1]]
+    # A successful sign-in cleared the account's count: a failure now is an ordinary one.
+    again = Dialogue(main, seen, APP_DOT)
+    expect_step(again.begin(account[0]), "password")
+    expect_step(again.send(password=wrongs[-1]), "password", failure="incorrect_password")
+    expect_code(again.send(password=account[1]))
+
+
+def test_an_account_that_is_no_email_address_goes_to_the_browser_when_blocked(main, world, seen):
+    username, password = PLAIN_ACCOUNT
+    wrongs = [secrets.token_urlsafe(18) for _ in range(UNBLOCK_AFTER)]
+    seen.add(*wrongs, kind="password typed in the app")
+    mark, mail_mark = world.wire.mark(), world.sink.count()
+    dialogue = Dialogue(main, seen, APP_DOT)
+    expect_step(dialogue.begin(username), "password")
+    for wrong in wrongs:
+        expect_step(dialogue.send(password=wrong), "password", failure="incorrect_password")
+    expect_error(dialogue.send(password=password), 403, "redirect_to_web")
+    assert len(password_grants(world.wire.since(mark), username)) == UNBLOCK_AFTER
+    assert world.sink.count() == mail_mark, "an unblock code went somewhere for an account that is no e-mail address"
+
+
+def register(gatehouse, app):
+    answer = requests.post(gatehouse["url"] + "/oauth/register", json={"software_id": app}, timeout=10)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["client_id"]
+
+
+def test_an_uncertified_instance_passes_an_unblock_code_before_its_password_is_relayed(main, world, seen):
+    account = take_account(world)
+    instance = register(main, APP_INSTANCES)
+    mark, mail_mark = world.wire.mark(), world.sink.count()
+    dialogue = Dialogue(main, seen, instance)
+    expect_step(dialogue.begin(account[0], scope=DOT_SCOPE), "password")
+    expect_step(dialogue.send(password=account[1]), "unblock_code")
+    assert password_grants(world.wire.since(mark)) == [], "an uncertified instance's password went upstream without a code"
+    code = unblock_mail(world, account[0], mail_mark)
+    tokens = dialogue.redeem(expect_code(dialogue.send(unblock_code=code, password=account[1])))
+    assert tokens.status_code == 200, tokens.text
+    assert [g.fields["password"] for g in password_grants(world.wire.since(mark))] == [account[1]]
+
+
+def test_an_app_that_requires_attestation_has_no_dialogue_for_itself_or_an_uncertified_instance(main, world, seen):
+    address = f"attested-{secrets.token_hex(4)}@example.test"
+    mark = world.wire.mark()
+    for client_id in (APP_ATTESTED, register(main, APP_ATTESTED)):
+        body = expect_error(Dialogue(main, seen, client_id).begin(address), 400, "unauthorized_client")
+        assert "auth_session" not in body
+    assert world.wire.since(mark) == []
+
+
+def test_an_unreadable_request_leaves_the_auth_session_valid(main, world, seen):
+    account = take_account(world)
+    dialogue = Dialogue(main, seen, APP_DOT)
+    current = expect_step(dialogue.begin(account[0]), "password")["auth_session"]
+    mark = world.wire.mark()
+    as_json = requests.post(dialogue.url, json={"client_id": APP_DOT, "auth_session": current, "password": account[1]},
+                            headers={"X-Forwarded-For": dialogue.address}, timeout=30)
+    assert as_json.status_code == 415, as_json.text
+    assert "auth_session" not in as_json.text
+    assert world.wire.since(mark) == []
+    expect_code(dialogue.send(auth_session=current, password=account[1]))
 
 
 def test_the_mfa_challenge_endpoint_is_called_when_configured(world, seen):
