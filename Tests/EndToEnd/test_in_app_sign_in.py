@@ -1514,3 +1514,42 @@ def test_no_password_code_or_auth_session_reaches_this_modules_logs(main, world,
     assert Path(main["log"]) in logs
     leaks = [f"{path.name}: {kind} ({form})" for path in logs for kind, form in seen.find(path.read_bytes())]
     assert leaks == []
+
+
+def test_the_endpoint_conforms_to_openapi_under_fuzzing(main, seen, tmp_path):
+    """schemathesis (all of its checks, as test_schema runs them) over the authorization challenge
+    endpoint of this module's Gatehouse, where apps sign in in the app: no 5xx on a bad input, every
+    answer as the description says, schema-valid requests accepted or refused with a documented
+    status. The whole-API run leaves the `in-app` tag out (its Gatehouse has no such app)."""
+    from test_schema import BROWSER_ENDPOINT_STATUSES, run_schemathesis, toml_list
+    FUZZ_CHALLENGE = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"  # RFC 7636 Appendix B
+    clients = [APP_DOT, APP_AUTH0, APP_CENTRAL, APP_BROWSER, APP_WEB]
+    served = run_schemathesis(main, seen, tmp_path / "in-app.toml", f"""
+[dictionaries.client_ids]
+values = {toml_list(clients)}
+
+[dictionaries.challenges]
+values = [{json.dumps(FUZZ_CHALLENGE)}]
+
+[dictionaries.codes]
+values = ["code"]
+
+[dictionaries.methods]
+values = ["S256"]
+
+[dictionaries.accounts]
+values = ["fuzz@example.test", "fuzzer"]
+
+[dictionaries.empty]
+values = [""]
+
+[[operations]]
+include-operation-id = "authorizationChallenge"
+parameters = {{ "body.client_id" = {{ dictionary = "client_ids", probability = 0.9 }}, "body.code_challenge" = {{ dictionary = "challenges", probability = 0.9 }}, "body.response_type" = {{ dictionary = "codes", probability = 0.9 }}, "body.code_challenge_method" = {{ dictionary = "methods", probability = 0.9 }}, "body.login_hint" = {{ dictionary = "accounts", probability = 0.9 }}, "body.auth_session" = {{ dictionary = "empty", probability = 0.7 }}, "body.scope" = {{ dictionary = "empty", probability = 0.7 }} }}
+checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER_ENDPOINT_STATUSES)} }} }}
+""", "--include-tag", "in-app", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
+    print("served:", served.most_common())
+    statuses = {status for (_, path, status) in served if path == "oauth/authorize-challenge"}
+    # The fuzzer got past the first request's checks: the dialogue's first step, and refusals.
+    assert "403" in statuses and "400" in statuses, served.most_common()
+    assert not statuses & {"500", "501"}, served.most_common()
