@@ -28,6 +28,16 @@ public struct Gatehouse: GatehouseFeature {
                 upstreams: [String: any UpstreamProfile], relay: RelayServices? = nil, sessions: SessionServices? = nil,
                 signer: AssertionSigner? = nil, now: @escaping @Sendable () -> Date = Date.init, logger: Logger,
                 audit: AuditLog = AuditLog(), previous: Gatehouse? = nil) {
+        self.init(configuration: configuration, store: store, upstreams: upstreams, relay: relay, sessions: sessions, signer: signer,
+                  now: now, logger: logger, audit: audit, previous: previous,
+                  mailer: configuration.mail.map { SMTPMailer(settings: $0, logger: logger) })
+    }
+
+    /// The same, sending e-mail through `mailer` (the `mail:` relay in production; a recorder in tests).
+    init(configuration: GatehouseConfiguration, store: any GatehouseStore, upstreams: [String: any UpstreamProfile],
+         relay: RelayServices? = nil, sessions: SessionServices? = nil, signer: AssertionSigner? = nil,
+         now: @escaping @Sendable () -> Date = Date.init, logger: Logger, audit: AuditLog = AuditLog(), previous: Gatehouse? = nil,
+         mailer: (any Mailer)?) {
         let context = GatehouseContext(
             configuration: configuration, store: store, upstreams: upstreams, now: now, logger: logger, audit: audit,
             limits: RateLimiters(configuration.operations.rateLimits, audit: audit, previous: previous?.limits),
@@ -37,7 +47,6 @@ public struct Gatehouse: GatehouseFeature {
                 ?? PassthroughRefresher(store: store, configuration: configuration, now: now, logger: logger, audit: audit),
             signer: signer ?? relay?.signer)
         self.context = context
-        let mailer: (any Mailer)? = configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }
         let instances = configuration.clients.values.contains { $0.instances != nil } ? AppInstances(context: context, mailer: mailer) : nil
         let sealed = sessions.map { SealedSessions(context: context, services: $0, relay: relay, instances: instances) }
         appInstances = instances

@@ -59,6 +59,19 @@ struct ScriptedStepsUpstream: UpstreamProfile {
     var inAppSignIn: (any InAppSignInSteps)? { steps }
 }
 
+/// Keeps what Gatehouse e-mails.
+final class RecordingMailer: Mailer {
+    private let sent = Mutex<[MailMessage]>([])
+    var messages: [MailMessage] { sent.withLock { $0 } }
+    func send(_ message: MailMessage) async throws { sent.withLock { $0.append(message) } }
+
+    /// The 6-digit code of the last message.
+    var lastCode: String? {
+        guard let body = messages.last?.body else { return nil }
+        return body.firstMatch(of: /\b[0-9]{6}\b/).map { String($0.output) }
+    }
+}
+
 struct DPoPSigner {
     let key = P256.Signing.PrivateKey()
     var jwk: [String: String] {
@@ -132,11 +145,13 @@ struct InAppSignInTests {
         let clock: ManualClock
         let gatehouse: Gatehouse
         let store: SQLiteAuthorizationStore
+        /// What was e-mailed, when the test hands in a recorder instead of the (closed) relay.
+        let mail: RecordingMailer?
     }
 
     /// A Gatehouse over `yaml` (its mail relay is a closed port: unblock codes cannot be sent), and `body` with a client
     /// of it and, when asked, of a second instance over the same store.
-    static func withRouter(yaml: String = yaml(), firstStep: InAppFirstStep = .password,
+    static func withRouter(yaml: String = yaml(), firstStep: InAppFirstStep = .password, recordingMail: Bool = false,
                            _ body: @Sendable (Harness, any TestClientProtocol, (any TestClientProtocol)?) async throws -> Void,
                            secondInstance: Bool = false) async throws
     {
@@ -156,13 +171,17 @@ struct InAppSignInTests {
                                                    steps: name == "legacy" ? steps : nil)
         }
         let (upstreams, quiet) = (profiles, logger)
+        let mail = recordingMail ? RecordingMailer() : nil
         @Sendable func make() -> Gatehouse {
-            Gatehouse(configuration: configuration, store: store, upstreams: upstreams,
-                      sessions: SessionServices(store: store, settings: configuration.sessions!, logger: quiet, now: { clock.now() }),
-                      now: { clock.now() }, logger: quiet)
+            let sessions = SessionServices(store: store, settings: configuration.sessions!, logger: quiet, now: { clock.now() })
+            if let mail {
+                return Gatehouse(configuration: configuration, store: store, upstreams: upstreams, sessions: sessions,
+                                 now: { clock.now() }, logger: quiet, mailer: mail)
+            }
+            return Gatehouse(configuration: configuration, store: store, upstreams: upstreams, sessions: sessions, now: { clock.now() }, logger: quiet)
         }
         let gatehouse = make()
-        let harness = Harness(steps: steps, clock: clock, gatehouse: gatehouse, store: store)
+        let harness = Harness(steps: steps, clock: clock, gatehouse: gatehouse, store: store, mail: mail)
         do {
             try await Application(router: GatehouseApplication.router(for: gatehouse)).test(.router) { client in
                 if secondInstance {
@@ -320,6 +339,73 @@ struct InAppSignInTests {
             harness.steps.then(Self.signedIn)
             #expect(try await client.challenge(["auth_session": later, "password": "correct horse"]).status == .ok)
         }, secondInstance: true)
+    }
+
+    @Test func anUnblockCodeIsEmailedCheckedAndExpires() async throws {
+        let yaml = Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 1\n  attempts: 10\n  resends: 2")
+        try await Self.withRouter(yaml: yaml, recordingMail: true) { harness, client, _ in
+            let mail = try #require(harness.mail)
+            var session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+            harness.steps.then(.refused(.wrongInput))
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "nope"]))["auth_session"] as? String)
+            // The account is over the line: the next password is not relayed, a code is e-mailed to it.
+            let asked = try await client.challenge(["auth_session": session, "password": "correct horse"])
+            #expect(json(asked)["step"] as? String == "unblock_code")
+            #expect(mail.messages.map(\.to) == ["ada@example.com"])
+            let first = try #require(mail.lastCode)
+            #expect(harness.steps.calls.count == 1)
+            session = try #require(json(asked)["auth_session"] as? String)
+            // A wrong code, then the code without the password: refused, nothing relayed.
+            let wrong = try await client.challenge(["auth_session": session, "unblock_code": first == "000000" ? "111111" : "000000",
+                                                    "password": "correct horse"])
+            #expect(json(wrong)["failure"] as? String == "invalid_unblock_code")
+            session = try #require(json(wrong)["auth_session"] as? String)
+            let alone = try await client.challenge(["auth_session": session, "unblock_code": first])
+            #expect(json(alone)["error"] as? String == "invalid_request")
+            session = try #require(json(alone)["auth_session"] as? String)
+            // Past its lifetime the right code is wrong too.
+            harness.clock.advance(seconds: 601)
+            let expired = try await client.challenge(["auth_session": session, "unblock_code": first, "password": "correct horse"])
+            #expect(json(expired)["error"] as? String == "invalid_session")  // the dialogue itself lived 10 minutes
+            #expect(harness.steps.calls.count == 1)
+        }
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 1\n  attempts: 10\n  resends: 2\n  code_lifetime: 1m\n  session_lifetime: 30m"),
+                                  recordingMail: true) { harness, client, _ in
+            let mail = try #require(harness.mail)
+            var session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+            harness.steps.then(.refused(.wrongInput))
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "nope"]))["auth_session"] as? String)
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "pw"]))["auth_session"] as? String)
+            let first = try #require(mail.lastCode)
+            harness.clock.advance(seconds: 61)
+            let expired = try await client.challenge(["auth_session": session, "unblock_code": first, "password": "pw"])
+            #expect(json(expired)["failure"] as? String == "invalid_unblock_code")
+            session = try #require(json(expired)["auth_session"] as? String)
+            // Resent twice (each a new code, the old one dead), then no more.
+            for _ in 0..<2 {
+                let resent = try await client.challenge(["auth_session": session, "resend": "unblock_code"])
+                #expect(json(resent)["step"] as? String == "unblock_code")
+                session = try #require(json(resent)["auth_session"] as? String)
+            }
+            #expect(mail.messages.count == 3)
+            let exhausted = try await client.challenge(["auth_session": session, "resend": "unblock_code"])
+            #expect(exhausted.status == .tooManyRequests)
+            session = try #require(json(exhausted)["auth_session"] as? String)
+            let latest = try #require(mail.lastCode)
+            let stale = mail.messages.dropLast().compactMap { $0.body.firstMatch(of: /\b[0-9]{6}\b/).map { String($0.output) } }
+            if let old = stale.first(where: { $0 != latest }) {
+                let refused = try await client.challenge(["auth_session": session, "unblock_code": old, "password": "pw"])
+                #expect(json(refused)["failure"] as? String == "invalid_unblock_code")
+                session = try #require(json(refused)["auth_session"] as? String)
+            }
+            // The latest code with the password: relayed once, signed in, and the account's count cleared.
+            harness.steps.then(Self.signedIn)
+            let done = try await client.challenge(["auth_session": session, "unblock_code": latest, "password": "pw"])
+            #expect(done.status == .ok)
+            #expect(harness.steps.calls == ["password:ada@example.com:nope", "password:ada@example.com:pw"])
+            #expect(try await harness.store.attemptCount(purpose: InAppSignIn.failurePurpose,
+                                                         keyHash: SecureToken.hash("legacy\nada@example.com"), now: harness.clock.now()) == 0)
+        }
     }
 
     @Test func aSecondFactorIsAskedAndChecked() async throws {
