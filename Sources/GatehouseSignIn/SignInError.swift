@@ -108,7 +108,7 @@ extension SignInError: CustomStringConvertible {
         case .invalidSession: "The sign-in expired: start again"
         case .network: "No connection to the server"
         case .invalidState: "Not possible in the current state"
-        case .unexpected(let detail): "Unexpected answer: \(detail)"
+        case .unexpected(let detail): detail
         }
         return "\(code): \(text)"
     }
