@@ -1,1 +1,0 @@
-// The in-app sign-in client (see docs/in-app-sign-in.md).
