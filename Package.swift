@@ -9,7 +9,7 @@ let upcoming: [SwiftSetting] = [
 
 let package = Package(
     name: "Gatehouse",
-    platforms: [.macOS(.v15)],
+    platforms: [.macOS(.v15), .iOS(.v15)],
     products: [
         .executable(name: "gatehouse", targets: ["gatehouse"]),
         // The in-app sign-in client for apps (iOS, Android with Swift, Linux): no server module.

@@ -896,18 +896,21 @@ def test_an_upstream_without_the_password_grant_falls_back_to_the_browser(main, 
     assert location.startswith(world.dot_url + "/o/authorize/") and query(location)["client_id"] == "gatehouse-browser", location
     seen.add(query(location).get("state"), kind="Gatehouse state toward the upstream")
     assert world.wire.since(mark) == [], "a browser-only upstream was called during the dialogue"
-    # The driver also prints the verifier of the pushed request: the browser sign-in completes with it.
+    # The request_uri is single use: shown again, it is refused.
+    assert requests.get(url, allow_redirects=False, timeout=10).status_code == 400
+    # The driver prints the verifier of the pushed request: the browser sign-in (on from the
+    # upstream's page the request_uri led to) completes with it, and the app redeems its code.
     verifier = app.checked.get("code_verifier")
-    if verifier:
-        seen.add(verifier, kind="app PKCE verifier")
-        landed = InAppBrowser(username=account[0], password=account[1], seen=seen).follow(url, APP_REDIRECT)
-        assert isinstance(landed, str), f"the browser sign-in stopped at {landed.status_code}"
-        seen.add(query(landed).get("code"), kind="Gatehouse code")
-        tokens = requests.post(main["url"] + "/oauth/token", timeout=30, data={
-            "grant_type": "authorization_code", "client_id": APP_BROWSER, "code": query(landed)["code"],
-            "redirect_uri": APP_REDIRECT, "code_verifier": verifier})
-        remember_tokens(seen, tokens)
-        assert tokens.status_code == 200, tokens.text
+    assert verifier, app.checked
+    seen.add(verifier, kind="app PKCE verifier")
+    landed = InAppBrowser(username=account[0], password=account[1], seen=seen).follow(location, APP_REDIRECT)
+    assert isinstance(landed, str), f"the browser sign-in stopped at {landed.status_code}"
+    seen.add(query(landed).get("code"), kind="Gatehouse code")
+    tokens = requests.post(main["url"] + "/oauth/token", timeout=30, data={
+        "grant_type": "authorization_code", "client_id": APP_BROWSER, "code": query(landed)["code"],
+        "redirect_uri": APP_REDIRECT, "code_verifier": verifier})
+    remember_tokens(seen, tokens)
+    assert tokens.status_code == 200, tokens.text
 
 
 def test_a_dpop_client_gets_tokens_bound_to_its_key(main, world, seen):
@@ -1550,6 +1553,8 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
 """, "--include-tag", "in-app", "--max-examples", os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40"))
     print("served:", served.most_common())
     statuses = {status for (_, path, status) in served if path == "oauth/authorize-challenge"}
-    # The fuzzer got past the first request's checks: the dialogue's first step, and refusals.
-    assert "403" in statuses and "400" in statuses, served.most_common()
+    # Drawn requests were read and refused or answered; none broke Gatehouse. (Whether a drawn
+    # request reaches the first step depends on its random DPoP header and fields: the success
+    # paths are this module's own tests.)
+    assert "400" in statuses, served.most_common()
     assert not statuses & {"500", "501"}, served.most_common()
