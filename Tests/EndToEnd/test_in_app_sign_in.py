@@ -1558,3 +1558,76 @@ checks = {{ positive_data_acceptance = {{ expected-statuses = {toml_list(BROWSER
     # paths are this module's own tests.)
     assert "400" in statuses, served.most_common()
     assert not statuses & {"500", "501"}, served.most_common()
+
+
+# --------------------------------------------------------------------------- two instances on PostgreSQL
+
+def postgres_pair_config(world, port, database, keys):
+    host, pg_port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    return server_and_store(port, f"""  postgres:
+    host: {host}
+    port: {pg_port}
+    database: {database}
+    username: gatehouse
+    pool_size: 4""") + f"""
+upstreams:{dot_upstream(world)}
+clients:{in_app_client(APP_DOT, "dot", DOT_SCOPE)}
+{mail_section(world.sink.port, world.sink.certificate)}
+in_app_sign_in:
+  unblock_after: 2
+rate_limits:
+  trusted_proxies: [127.0.0.1/32]
+sessions:
+  encryption_keys_file: {keys}
+"""
+
+
+@pytest.mark.skipif("GATEHOUSE_TEST_POSTGRES" not in os.environ, reason="needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+def test_two_instances_on_postgres_share_the_dialogue_and_the_failure_count_across_a_restart(world, seen):
+    """The guarantees that live in the store, on another instance and after a restart: an
+    auth_session begun on A continues on B and is then spent on A too; failed passwords counted on
+    A and B block the account on a restarted A; the dialogue finishes on B and its code is redeemed
+    on A; PostgreSQL holds no password, auth_session, code or account in clear."""
+    host, pg_port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    database = "inapp_" + secrets.token_hex(4)
+    subprocess.run(["psql", "-h", host, "-p", pg_port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
+                   check=True, capture_output=True, timeout=30)
+    keys = session_keys(world.workdir, "in-app-pg-session-keys", seen)
+    ports = [free_port(), free_port()]
+    configs = [postgres_pair_config(world, port, database, keys) for port in ports]
+    account, password = take_account(world)
+    mark = world.wire.mark()
+    with run_gatehouse(world.workdir, "in-app-pg-b", configs[1], world.env) as b:
+        with run_gatehouse(world.workdir, "in-app-pg-a", configs[0], world.env) as a:
+            # Begun on A, continued on B: one wrong password (the first failure).
+            on_a = Dialogue(a, seen, APP_DOT)
+            expect_step(on_a.begin(account), "password")
+            first = on_a.auth_session
+            on_b = Dialogue(b, seen, APP_DOT, address=on_a.address)
+            wrong = on_b.send(auth_session=first, password="not-" + password)
+            expect_step(wrong, "password", failure="incorrect_password")
+            # The spent auth_session is refused on A too.
+            assert on_a.send(auth_session=first, password=password).json()["error"] == "invalid_session"
+            # The second failure, on A.
+            expect_step(on_a.send(auth_session=on_b.auth_session, password="still-not-" + password), "password",
+                        failure="incorrect_password")
+            carried = on_a.auth_session
+        # A restarts: the count is in the store, so its next password meets the unblock code.
+        with run_gatehouse(world.workdir, "in-app-pg-a2", configs[0], world.env) as a:
+            mail_mark = world.sink.count()
+            again = Dialogue(a, seen, APP_DOT, address=on_a.address)
+            asked = again.send(auth_session=carried, password=password)
+            expect_step(asked, "unblock_code")
+            code = unblock_mail(world, account, mail_mark)
+            # Finished on B with the code and the password, redeemed on A.
+            finish = Dialogue(b, seen, APP_DOT, address=on_a.address)
+            done = finish.send(auth_session=again.auth_session, unblock_code=code, password=password)
+            authorization_code = expect_code(done)
+            tokens = again.redeem(authorization_code, verifier=on_a.verifier)
+            assert tokens.status_code == 200, tokens.text
+    # The password reached DOT's token endpoint once per relayed attempt: the two wrong ones and the right one.
+    assert len(password_grants(world.wire.since(mark), account)) == 3
+    dump = subprocess.run(["pg_dump", "-h", host, "-p", pg_port, "-U", "gatehouse", "--data-only", database],
+                          check=True, capture_output=True, text=True, timeout=60).stdout
+    for secret in [password, first, carried, code, authorization_code, account]:
+        assert secret not in dump, "PostgreSQL holds an in-app secret or the account in clear"
