@@ -86,7 +86,9 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     /// wrong password or code; 429 a request to slow down; 5xx an unavailable upstream.
     static func refusal(status: Int, headers: HTTPHeaders, body: Data) -> InAppRefusal {
         if status == 429 {
-            return .rateLimited(retryAfter: headers.first(name: "Retry-After").flatMap { Int($0) }.map { max(1, min($0, 3600)) } ?? 5)
+            // Read as every 429 of an upstream is (delay-seconds or an HTTP-date, 1 s to 5 min).
+            let wait = UpstreamBackoff.wait(retryAfter: headers.first(name: "Retry-After"), now: Date())
+            return .rateLimited(retryAfter: UpstreamBackoff.wholeSeconds(wait))
         }
         if status >= 500 { return status == 504 ? .timeout : .unavailable }
         let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]

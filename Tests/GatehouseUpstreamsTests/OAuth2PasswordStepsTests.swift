@@ -1,0 +1,113 @@
+import AsyncHTTPClient
+import Foundation
+import GatehouseCore
+@testable import GatehouseUpstreams
+import Logging
+import NIOCore
+import NIOHTTP1
+import Testing
+
+/// The `oauth2` kind's in-app steps on the wire: the password grant sent once with Gatehouse's
+/// client credentials, Auth0's MFA dialect (`mfa_required`, `/mfa/challenge`, the `mfa-otp`
+/// grant), and each refusal read as the catalog needs it. (The end-to-end suite runs the same
+/// against django-oauth-toolkit and an Auth0 double built from Auth0's documentation.)
+struct OAuth2PasswordStepsTests {
+    static func steps(_ answers: [ScriptedUpstream.Answer], secondFactor: OAuth2SecondFactor? = .auth0,
+                      challenge: String? = nil) -> (any InAppSignInSteps, ScriptedUpstream) {
+        let upstream = ScriptedUpstream(answers)
+        var oauth2 = OAuth2Settings(authorizationEndpoint: "https://tenant.example/authorize", tokenEndpoint: "https://tenant.example/oauth/token")
+        oauth2.passwordGrant = true
+        oauth2.secondFactor = secondFactor
+        oauth2.mfaChallengeEndpoint = challenge
+        let settings = UpstreamSettings(name: "auth0", kind: "oauth2", clientID: "gatehouse", clientSecret: Secret("s3cret"),
+                                        clientAuthentication: .clientSecretPost, profile: oauth2)
+        let profile = OAuth2Upstream(http: UpstreamHTTP(settings: settings, transport: upstream.transport, logger: Logger(label: "test")))
+        return (profile.inAppSignIn!, upstream)
+    }
+
+    static func form(_ request: HTTPClientRequest) async throws -> [String: String] {
+        guard let body = request.body else { return [:] }
+        var collected = ByteBuffer()
+        for try await var chunk in body { collected.writeBuffer(&chunk) }
+        let form = try FormParameters(parsing: collected.readableBytesView)
+        return Dictionary(uniqueKeysWithValues: form.names.compactMap { name in form[name].map { (name, $0) } })
+    }
+
+    static let tokens = #"{"access_token":"at","token_type":"Bearer","expires_in":60}"#
+
+    @Test func thePasswordGoesOnceToTheTokenEndpointWithTheClientCredentials() async throws {
+        let (steps, upstream) = Self.steps([.status(200, body: Self.tokens)])
+        guard case .signedIn(let grant) = await steps.password(login: "ada@example.com", password: "pw", scopes: ["openid", "email"])
+        else { Issue.record("not signed in"); return }
+        #expect(grant.tokens?.accessToken.reveal() == "at")
+        #expect(upstream.calls == 1)
+        #expect(upstream.requests[0].url == "https://tenant.example/oauth/token")
+        let form = try await Self.form(upstream.requests[0])
+        #expect(form == ["grant_type": "password", "username": "ada@example.com", "password": "pw", "scope": "openid email",
+                         "client_id": "gatehouse", "client_secret": "s3cret"])
+    }
+
+    @Test func auth0sMFARequiredAsksForTheOTPChallengeThenTheMFAOTPGrant() async throws {
+        let mfa = #"{"error":"mfa_required","error_description":"Multifactor authentication required","mfa_token":"mfa-1"}"#
+        let (steps, upstream) = Self.steps([.status(403, body: mfa), .status(200, body: #"{"challenge_type":"otp"}"#),
+                                            .status(403, body: #"{"error":"invalid_grant","error_description":"Invalid otp_code."}"#),
+                                            .status(200, body: Self.tokens)])
+        guard case .secondFactor(let token) = await steps.password(login: "ada", password: "pw", scopes: []) else {
+            Issue.record("no second factor"); return
+        }
+        #expect(token == "mfa-1")
+        #expect(upstream.requests[1].url == "https://tenant.example/mfa/challenge")
+        #expect(try await Self.form(upstream.requests[1])["challenge_type"] == "otp")
+        #expect(try await Self.form(upstream.requests[1])["mfa_token"] == "mfa-1")
+        guard case .refused(.wrongInput) = await steps.secondFactor(token: token, otp: "000000") else { Issue.record("accepted"); return }
+        guard case .signedIn = await steps.secondFactor(token: token, otp: "123456") else { Issue.record("not signed in"); return }
+        let last = try await Self.form(upstream.requests[3])
+        #expect(last["grant_type"] == "http://auth0.com/oauth/grant-type/mfa-otp")
+        #expect(last["mfa_token"] == "mfa-1" && last["otp"] == "123456" && last["password"] == nil)
+    }
+
+    @Test func withoutTheAuth0DialectMFARequiredIsNoSecondFactor() async throws {
+        let mfa = #"{"error":"mfa_required","mfa_token":"mfa-1"}"#
+        let (steps, upstream) = Self.steps([.status(403, body: mfa)], secondFactor: nil)
+        guard case .refused(.unusable) = await steps.password(login: "ada", password: "pw", scopes: []) else {
+            Issue.record("read as a second factor"); return
+        }
+        #expect(upstream.calls == 1)
+    }
+
+    @Test func aConfiguredChallengeEndpointIsUsed() async throws {
+        let mfa = #"{"error":"mfa_required","mfa_token":"mfa-1"}"#
+        let (steps, upstream) = Self.steps([.status(403, body: mfa), .status(200, body: "{}")], challenge: "https://mfa.example/challenge")
+        _ = await steps.password(login: "ada", password: "pw", scopes: [])
+        #expect(upstream.requests.map(\.url) == ["https://tenant.example/oauth/token", "https://mfa.example/challenge"])
+    }
+
+    @Test(arguments: [
+        (400, [(String, String)](), #"{"error":"invalid_grant","error_description":"Invalid credentials given."}"#, InAppRefusal.wrongInput),
+        (403, [], #"{"error":"invalid_grant","error_description":"Wrong email or password."}"#, .wrongInput),
+        (429, [("Retry-After", "42")], "", .rateLimited(retryAfter: 42)),
+        (429, [], "", .rateLimited(retryAfter: 5)),
+        (503, [], "", .unavailable),
+        (504, [], "", .timeout),
+        (401, [], #"{"error":"invalid_client"}"#, .unusable("HTTP 401 invalid_client")),
+        (400, [], "<html>", .unusable("HTTP 400 without an OAuth error")),
+    ])
+    func refusalsAreReadForTheCatalog(status: Int, headers: [(String, String)], body: String, expected: InAppRefusal) async {
+        let (steps, _) = Self.steps([.status(status, headers: headers, body: body)])
+        guard case .refused(let refusal) = await steps.password(login: "ada", password: "pw", scopes: []) else {
+            Issue.record("not refused"); return
+        }
+        #expect(refusal == expected)
+    }
+
+    @Test func anUnreachableOrSlowUpstreamIsUnavailableOrATimeout() async {
+        let (refused, _) = Self.steps([.refused])
+        guard case .refused(.unavailable) = await refused.password(login: "ada", password: "pw", scopes: []) else {
+            Issue.record("not unavailable"); return
+        }
+        let (slow, _) = Self.steps([.failure(.deadlineExceeded)])
+        guard case .refused(.timeout) = await slow.password(login: "ada", password: "pw", scopes: []) else {
+            Issue.record("not a timeout"); return
+        }
+    }
+}
