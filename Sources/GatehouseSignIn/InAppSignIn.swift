@@ -227,6 +227,11 @@ public actor InAppSignIn {
         } catch {
             return settle(waiting, .network)
         }
+        if answer.endsDialogue {
+            // Over (too many wrong inputs, an answer that cannot be used, another key): back to
+            // `start`, where a new `checkAccount` begins another.
+            return restart(answer.string("failure").map { SignInError(failure: $0, retryAfter: answer.retryAfter) } ?? .invalidSession)
+        }
         switch (answer.status, answer.error) {
         case (200, _):
             guard let code = answer.string("authorization_code"), !code.isEmpty else {
@@ -237,7 +242,10 @@ public actor InAppSignIn {
             guard let step = answer.string("step"), let next = SignInState.waiting(forStep: step) else {
                 return settle(waiting, .unexpected("an unknown step"))
             }
-            return settle(next, answer.string("failure").map { SignInError(failure: $0, retryAfter: answer.retryAfter) })
+            let failure = answer.string("failure").map { SignInError(failure: $0, retryAfter: answer.retryAfter) }
+            // A refused password is not sent again: the user types it anew (`setPassword`).
+            if failure == .incorrectPassword { password = nil }
+            return settle(next, failure)
         case (403, "redirect_to_web"):
             return fallbackInBrowser(requestURI: answer.string("request_uri"), from: waiting)
         case (400, "invalid_session"):
@@ -373,6 +381,9 @@ private struct Answer {
     var error: String? { string("error") }
 
     func string(_ name: String) -> String? { body?[name]?.stringValue }
+
+    /// The server ended the dialogue: the held `auth_session` is spent.
+    var endsDialogue: Bool { body?["dialogue_ended"] == .bool(true) }
 
     /// `retry_after` of the body, else the `Retry-After` header's seconds.
     var retryAfter: Int? {

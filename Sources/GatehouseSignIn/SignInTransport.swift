@@ -15,8 +15,12 @@ public struct URLSessionTransport: SignInTransport {
     public let session: URLSession
 
     public init() {
-        self.session = URLSession(configuration: .ephemeral, delegate: RefuseRedirects(), delegateQueue: nil)
+        self.session = Self.shared
     }
+
+    /// One session for every default transport: a session keeps its delegate until it is
+    /// invalidated, so one per client would never be released.
+    private static let shared = URLSession(configuration: .ephemeral, delegate: RefuseRedirects(), delegateQueue: nil)
 
     /// A session of the app's (its redirect policy is the session's).
     public init(session: URLSession) {

@@ -49,27 +49,29 @@ public enum InAppRefusal: Sendable, Equatable {
 /// The in-app steps a kind's upstream offers.
 public protocol InAppSignInSteps: Sendable {
     var firstStep: InAppFirstStep { get }
-    /// Relays `login` and `password` once to the upstream.
-    func password(login: String, password: String, scopes: [String]) async -> InAppOutcome
+    /// Relays `login` and `password` once to the upstream. `clientAddress`: the user's address
+    /// (the peer, or what a trusted proxy says), for an upstream that protects accounts by it.
+    func password(login: String, password: String, scopes: [String], clientAddress: String?) async -> InAppOutcome
     /// Answers the upstream's second factor with a TOTP code.
-    func secondFactor(token: String, otp: String) async -> InAppOutcome
+    func secondFactor(token: String, otp: String, clientAddress: String?) async -> InAppOutcome
     /// Asks the upstream to e-mail its sign-in link to `email`; `nil` once sent.
     func sendEmailLink(to email: String, clientAddress: String?) async -> InAppRefusal?
-    /// The code the e-mailed link handed to the app.
-    func emailCode(_ code: String) async -> InAppOutcome
+    /// The code the e-mailed link handed to the app, for the dialogue of `email`: a code of
+    /// another address is a wrong code.
+    func emailCode(_ code: String, for email: String) async -> InAppOutcome
 }
 
 extension InAppSignInSteps {
-    public func password(login: String, password: String, scopes: [String]) async -> InAppOutcome {
+    public func password(login: String, password: String, scopes: [String], clientAddress: String?) async -> InAppOutcome {
         .refused(.unusable("this upstream takes no password"))
     }
-    public func secondFactor(token: String, otp: String) async -> InAppOutcome {
+    public func secondFactor(token: String, otp: String, clientAddress: String?) async -> InAppOutcome {
         .refused(.unusable("this upstream has no second factor"))
     }
     public func sendEmailLink(to email: String, clientAddress: String?) async -> InAppRefusal? {
         .unusable("this upstream sends no sign-in link")
     }
-    public func emailCode(_ code: String) async -> InAppOutcome {
+    public func emailCode(_ code: String, for email: String) async -> InAppOutcome {
         .refused(.unusable("this upstream sends no sign-in link"))
     }
 }

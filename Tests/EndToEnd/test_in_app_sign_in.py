@@ -15,7 +15,7 @@ This module's own Gatehouse (SQLite) fronts six upstreams:
   per attempt, with the client secret;
 - `auth0`: an Auth0 double built from Auth0's documentation (Tests/Support/auth0mfa.py:
   `mfa_required`, `/mfa/challenge`, the mfa-otp grant, real RFC 6238 codes),
-  `password_grant: true`, `second_factor: auth0`;
+  `password_grant: auth0`;
 - `auth0-faulty`: another Auth0 double, told to stall past the upstream timeout (1 s), to answer
   garbage, or stopped (the catalog's upstream failures); `auth0-throttled`, a third, answers 429
   with Retry-After (on an upstream of its own, so a Gatehouse that keeps off a throttled upstream
@@ -190,8 +190,7 @@ def auth0_upstream(name, double, secret_env, timeout, extra=""):
     return oauth2_upstream(name, double.url + "/authorize", double.token_endpoint, double.client_id, secret_env,
                            auth="client_secret_post", timeout=timeout, extra=f"""
     scopes: [openid, profile, email, offline_access]
-    password_grant: true
-    second_factor: auth0{extra}
+    password_grant: auth0{extra}
     identity:
       kind: userinfo
       url: {double.userinfo_endpoint}
@@ -860,6 +859,40 @@ def test_the_email_link_dialogue_on_the_wire(main, world, seen):
     again = Dialogue(main, seen, APP_CENTRAL)
     expect_step(again.begin(address), "email_link")
     expect_step(again.send(email_code=code), "email_link", failure="invalid_email_code")
+
+
+def test_an_email_links_code_finishes_only_the_dialogue_of_its_own_address(main, world, seen):
+    mine, theirs = (f"link-{who}-{secrets.token_hex(4)}@example.test" for who in ("mine", "theirs"))
+    dialogue = Dialogue(main, seen, APP_CENTRAL)
+    expect_step(dialogue.begin(mine), "email_link")
+    other = Dialogue(main, seen, APP_CENTRAL)
+    expect_step(other.begin(theirs), "email_link")
+    # A code handed out for another address is a wrong code here (and spent at the provider).
+    expect_step(dialogue.send(email_code=code_from_link(world, theirs)), "email_link", failure="invalid_email_code")
+    expect_code(dialogue.send(email_code=code_from_link(world, mine)))
+
+
+def test_auth0_is_told_the_users_address_and_a_plain_upstream_is_not(main, world, seen):
+    """Auth0's attack protection counts failed logins per user and address: Gatehouse names the
+    user's address in `auth0-forwarded-for` (Auth0's documented header for a trusted server), so
+    that one user's mistakes never block Gatehouse's address for everyone; DOT is told nothing."""
+    auth0 = world.auth0
+    user = auth0.add_user(f"address-{secrets.token_hex(4)}@example.test", secrets.token_urlsafe(18), mfa=True)
+    dialogue = Dialogue(main, seen, APP_AUTH0)
+    mark = auth0.mark()
+    expect_step(dialogue.begin(user.username), "password")
+    expect_step(dialogue.send(password=user.password), "otp")
+    expect_code(dialogue.send(otp=auth0.code(user)))
+    arrivals = auth0.since(mark)
+    assert len(arrivals) == 3, [a.path for a in arrivals]  # the password grant, /mfa/challenge, the mfa-otp grant
+    assert {a.headers.get("auth0-forwarded-for") for a in arrivals} == {dialogue.address}
+    account = take_account(world)
+    plain = Dialogue(main, seen, APP_DOT)
+    wire_mark = world.wire.mark()
+    expect_step(plain.begin(account[0]), "password")
+    expect_code(plain.send(password=account[1]))
+    grants = password_grants(world.wire.since(wire_mark), account[0])
+    assert len(grants) == 1 and "auth0-forwarded-for" not in grants[0].headers, grants[0].headers
 
 
 def centrald_log(world, before):

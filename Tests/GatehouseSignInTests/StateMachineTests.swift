@@ -179,6 +179,9 @@ struct StateMachineTests {
                          .noConnection,
                          Fixture.step("otp", session: "s4"))
         try await client.signIn()
+        // A refused password is dropped: it is not sent again until the user types one.
+        await #expect(throws: SignInError.invalidState) { try await client.signIn() }
+        try await client.setPassword("typed again")
         try await client.signIn()
         try await client.signIn()
         try await client.signIn()
@@ -190,6 +193,19 @@ struct StateMachineTests {
         transport.script(Fixture.step("otp", session: "s5", failure: "invalid_totp_code"))
         try await client.verifySessionTotpCode("000000")
         #expect(transport.requests.last?.form["auth_session"] == "s4")
+    }
+
+    @Test func anAnswerThatEndsTheDialogueGoesBackToStart() async throws {
+        let (client, transport, _) = try await Fixture.signingInClient()
+        transport.script(.json(429, ["error": "temporarily_unavailable", "failure": "too_many_requests", "retry_after": 30,
+                                     "dialogue_ended": true]))
+        #expect(try await client.signIn() == .start)
+        #expect(await client.lastError == .tooManyRequests(retryAfter: 30))
+        // Nothing of the old dialogue is sent again: a new checkAccount begins another, without auth_session.
+        transport.script(Fixture.step("password", session: "fresh"))
+        try await client.checkAccount("user@example.com")
+        #expect(transport.requests.last?.form["auth_session"] == nil)
+        #expect(transport.requests.last?.form["response_type"] == "code")
     }
 
     @Test func signInWithoutAPasswordSendsNothing() async throws {

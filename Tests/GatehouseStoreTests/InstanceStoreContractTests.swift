@@ -115,6 +115,12 @@ struct InstanceStoreContractTests {
             #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: now.addingTimeInterval(600), now: now) == 32)
             #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
             #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: now.addingTimeInterval(200), now: now.addingTimeInterval(61)) == 1)
+            // One given back, never below zero.
+            try await store.discountAttempt(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61))
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
+            try await store.discountAttempt(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61))
+            #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
+            #expect(try await store.countAttempt(purpose: "p", keyHash: "a", expiresAt: now.addingTimeInterval(200), now: now.addingTimeInterval(61)) == 1)
             try await store.resetAttempts(purpose: "p", keyHash: "a")
             #expect(try await store.attemptCount(purpose: "p", keyHash: "a", now: now.addingTimeInterval(61)) == 0)
             // Swept with the other single-use rows.

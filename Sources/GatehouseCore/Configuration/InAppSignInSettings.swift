@@ -16,8 +16,10 @@ public struct InAppSignInSettings: Sendable, Equatable {
     public var failureWindow: Duration = .seconds(900)
     /// How long an e-mailed unblock code is valid.
     public var codeLifetime: Duration = .seconds(600)
-    /// E-mails (unblock codes, magic links) one dialogue may send.
+    /// E-mails (unblock codes, magic links) one dialogue may send beyond the first.
     public var resends: Int = 3
+    /// E-mails one account may get in an hour, whatever the dialogues (counted in the store).
+    public var emailsPerHour: Int = 5
 
     public init() {}
 }
@@ -31,6 +33,7 @@ extension GatehouseConfiguration {
         settings.failureWindow = map.duration("failure_window", in: .seconds(60)...(.seconds(86400))) ?? settings.failureWindow
         settings.codeLifetime = map.duration("code_lifetime", in: .seconds(60)...(.seconds(3600))) ?? settings.codeLifetime
         settings.resends = map.integer("resends", in: 0...20) ?? settings.resends
+        settings.emailsPerHour = map.integer("emails_per_hour", in: 1...100) ?? settings.emailsPerHour
         map.finish()
         return settings
     }

@@ -10,6 +10,8 @@ public protocol AttemptCounterStore: Sendable {
     func countAttempt(purpose: String, keyHash: String, expiresAt: Date, now: Date) async throws -> Int
     /// The count of the running window (0 when none).
     func attemptCount(purpose: String, keyHash: String, now: Date) async throws -> Int
+    /// Takes one back (an attempt counted before it was made, that the upstream never judged); never below 0.
+    func discountAttempt(purpose: String, keyHash: String, now: Date) async throws
     /// Forgets the counter (after a success).
     func resetAttempts(purpose: String, keyHash: String) async throws
 }

@@ -9,6 +9,7 @@ extension InAppSignIn {
     func challenge(_ request: Request, peer: String?) async -> Response {
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
         let address = limits.clientAddress(peer: peer, headers: request.headers)
+        let resolved = limits.resolvedClientAddress(peer: peer, headers: request.headers)
         // Before anything is read: this answer leaves the app's auth_session as it was.
         if let address, let wait = limits.take(.in_app_address, key: address) {
             return ChallengeAnswer.failed(.tooManyRequests, session: nil, retryAfter: wait.retryAfterSeconds).response
@@ -18,9 +19,9 @@ extension InAppSignIn {
             let form = try await oauthForm(request, recognizing: Self.parameterNames)
             let proof = try await dpop.endpointProof(request, endpoint: Self.path)
             if let session = form["auth_session"] {
-                answer = await proceed(ChallengeInput(form: form, proof: proof, address: address), session: session)
+                answer = await proceed(ChallengeInput(form: form, proof: proof, address: address, resolvedAddress: resolved), session: session)
             } else {
-                answer = try await begin(ChallengeInput(form: form, proof: proof, address: address))
+                answer = try await begin(ChallengeInput(form: form, proof: proof, address: address, resolvedAddress: resolved))
             }
         } catch {
             answer = .refused(error)
@@ -37,7 +38,10 @@ extension InAppSignIn {
     struct ChallengeInput {
         let form: FormParameters
         let proof: VerifiedDPoPProof?
+        /// The client's address as the limits count it (an IPv6 address by its /64).
         let address: String?
+        /// The client's address itself, for an upstream that protects accounts by address.
+        let resolvedAddress: String?
     }
 
     // MARK: The first request
@@ -75,8 +79,12 @@ extension InAppSignIn {
         guard let steps = upstream.inAppSignIn else {
             return try await redirectToWeb(form, client: client)
         }
-        guard let login = form["login_hint"], !login.isEmpty, login.utf8.count <= 254 else {
-            throw .invalidRequest("login_hint is required: the account's e-mail address or username (at most 254 bytes)")
+        // The account as the user typed it, spaces around it dropped; one with spaces inside is
+        // refused, so that no spelling of an account escapes its counters (which also fold case
+        // and Unicode compatibility forms: `accountKey`).
+        let login = (form["login_hint"] ?? "").trimmingCharacters(in: .whitespaces)
+        guard !login.isEmpty, login.utf8.count <= 254, !login.contains(where: \.isWhitespace) else {
+            throw .invalidRequest("login_hint is required: the account's e-mail address or username (at most 254 bytes, no spaces)")
         }
         var dialogue = ChallengeDialogue(clientID: client.clientID, upstream: client.upstream, scopes: scopes, codeChallenge: challenge,
                                          appNonce: form["nonce"], login: login, step: .password, dpopJKT: input.proof?.thumbprint,
@@ -88,6 +96,7 @@ extension InAppSignIn {
         case .emailLink:
             guard EmailAddress.isValid(login) else { return .failed(.invalidEmailAddress, session: nil) }
             if let wait = takeAccount(dialogue) { return .failed(.tooManyRequests, session: nil, retryAfter: wait) }
+            guard try await admitEmail(dialogue) else { return .failed(.tooManyRequests, session: nil, retryAfter: Self.mailPause) }
             dialogue.step = .emailLink
             dialogue.emails = 1
             if let refusal = await steps.sendEmailLink(to: login, clientAddress: input.address) {
@@ -136,7 +145,7 @@ extension InAppSignIn {
         // Bound to the first request's key: a stolen auth_session is worth nothing elsewhere, and is spent.
         if let bound = dialogue.dpopJKT, input.proof?.thumbprint != bound {
             logger.warning("security event: an auth_session shown without its DPoP key", metadata: ["client_id": .string(dialogue.clientID)])
-            return .refused(.invalidDPoPProof("this auth_session is bound to the DPoP key of its first request"))
+            return .refused(.invalidDPoPProof("this auth_session is bound to the DPoP key of its first request"), ended: true)
         }
         guard let client = configuration.appClient(for: dialogue.clientID), client.inAppSignIn == .on,
               let steps = upstreams[dialogue.upstream]?.inAppSignIn else {
@@ -168,7 +177,7 @@ extension InAppSignIn {
             let waiting = dialogue.step
             let detail = "this sign-in waits for \(expected.isEmpty ? "nothing but resend" : expected.sorted().joined(separator: " and "))"
                 + (resend == nil || resendable ? "" : "; resend must be \(waiting.rawValue) at this step")
-            guard dialogue.attempts < settings.attempts else { return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause) }
+            guard dialogue.attempts < settings.attempts else { return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause, ended: true) }
             return try await save(dialogue) { .refused(.invalidRequest(detail), session: $0) }
         }
         if let wait = takeAccount(dialogue) {
@@ -176,21 +185,35 @@ extension InAppSignIn {
         }
         switch dialogue.step {
         case .password:
-            return try await password(form["password"] ?? "", dialogue: &dialogue, client: client, steps: steps)
+            return try await password(form["password"] ?? "", dialogue: &dialogue, client: client, steps: steps, address: input.resolvedAddress)
         case .unblockCode:
             if resend != nil { return try await sendUnblockCode(&dialogue) }
-            return try await unblock(code: form["unblock_code"] ?? "", password: form["password"] ?? "", dialogue: &dialogue, steps: steps)
+            return try await unblock(code: form["unblock_code"] ?? "", password: form["password"] ?? "", dialogue: &dialogue, steps: steps,
+                                     address: input.resolvedAddress)
         case .otp:
             let otp = form["otp"] ?? ""
             guard otp.utf8.count == 6, otp.allSatisfy(\.isASCII), otp.allSatisfy(\.isNumber) else {
                 return try await wrong(&dialogue, .invalidTOTPCode)
             }
             guard let token = dialogue.secondFactor else { return .invalidSession }
-            return try await outcome(await steps.secondFactor(token: token, otp: otp), dialogue: &dialogue, wrong: .invalidTOTPCode)
+            // Codes are counted per account in the store before one is sent: however many
+            // dialogues run at once, an account gets `attempts` codes per window.
+            guard try await count(Self.codePurpose, dialogue) <= settings.attempts else {
+                logger.notice("in-app sign-in refused: too many second-factor codes for the account", metadata: ["client_id": .string(dialogue.clientID)])
+                return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause, ended: true)
+            }
+            let result = await steps.secondFactor(token: token, otp: otp, clientAddress: input.resolvedAddress)
+            if case .refused(let refusal) = result, refusal != .wrongInput, !Self.ends(refusal) {
+                try? await store.discountAttempt(purpose: Self.codePurpose, keyHash: accountKey(dialogue), now: now())
+            }
+            return try await outcome(result, dialogue: &dialogue, wrong: .invalidTOTPCode)
         case .emailLink:
             if resend != nil {
                 guard dialogue.emails <= settings.resends else {
                     return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.pause) }
+                }
+                guard try await admitEmail(dialogue) else {
+                    return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.mailPause) }
                 }
                 dialogue.emails += 1
                 if let refusal = await steps.sendEmailLink(to: dialogue.login, clientAddress: input.address) {
@@ -201,26 +224,23 @@ extension InAppSignIn {
             }
             let code = form["email_code"] ?? ""
             guard !code.isEmpty, code.utf8.count <= 512 else { return try await wrong(&dialogue, .invalidEmailCode) }
-            return try await outcome(await steps.emailCode(code), dialogue: &dialogue, wrong: .invalidEmailCode)
+            return try await outcome(await steps.emailCode(code, for: dialogue.login), dialogue: &dialogue, wrong: .invalidEmailCode)
         }
     }
 
     // MARK: Passwords and unblock codes
 
     /// A password: relayed to the upstream, unless the account has failed too often lately (or the
-    /// instance is not certified), in which case an unblock code is e-mailed first.
-    private func password(_ password: String, dialogue: inout ChallengeDialogue, client: AppClient, steps: any InAppSignInSteps)
-        async throws(OAuthError) -> ChallengeAnswer
+    /// client is an uncertified install), in which case an unblock code is e-mailed first. The
+    /// attempt is counted in the store before anything is relayed, so that dialogues racing on one
+    /// account, on any instance, relay at most `unblock_after` passwords per window between two
+    /// successes; a store that cannot count relays nothing.
+    private func password(_ password: String, dialogue: inout ChallengeDialogue, client: AppClient, steps: any InAppSignInSteps,
+                          address: String?) async throws(OAuthError) -> ChallengeAnswer
     {
         guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
-        let failures: Int
-        do {
-            failures = try await store.attemptCount(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
-        } catch {
-            throw .serverError("Gatehouse cannot reach its store right now")
-        }
         let uncertified = try await uncertified(client)
-        if failures >= settings.unblockAfter || uncertified {
+        if try await count(Self.failurePurpose, dialogue) > settings.unblockAfter || uncertified {
             guard EmailAddress.isValid(dialogue.login) else {
                 // No address to send a code to: the browser sign-in, with the upstream's own defences.
                 return try await redirectToWeb(FormParameters(), client: client)
@@ -228,30 +248,32 @@ extension InAppSignIn {
             logger.notice("in-app sign-in asks for an unblock code", metadata: ["client_id": .string(dialogue.clientID)])
             return try await sendUnblockCode(&dialogue)
         }
-        return try await relay(password, dialogue: &dialogue, steps: steps)
+        return try await relay(password, dialogue: &dialogue, steps: steps, address: address, counted: true)
     }
 
-    private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps) async throws(OAuthError)
-        -> ChallengeAnswer
+    /// Relays the password; `counted`: the attempt is in the account's count already.
+    private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?, counted: Bool)
+        async throws(OAuthError) -> ChallengeAnswer
     {
-        let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes)
+        let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
+        if counted, case .refused(let refusal) = result, refusal != .wrongInput, !Self.ends(refusal) {
+            // The upstream never judged the password (unreachable, slow, asking to wait): the attempt is given back.
+            try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
+        }
         if case .refused(.wrongInput) = result {
-            do {
-                _ = try await store.countAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue),
-                                                 expiresAt: expiry(after: settings.failureWindow), now: now())
-            } catch {
-                throw .serverError("Gatehouse cannot reach its store right now")
-            }
+            if !counted { _ = try await count(Self.failurePurpose, dialogue) }
             audit.record(.sign_in_failed, clientID: dialogue.clientID, subject: nil, reason: InAppFailure.incorrectPassword.rawValue,
                          metadata: ["upstream": .string(dialogue.upstream)])
-            // Back to the password, without the e-mailed code (a new one is sent if the account is now over the line).
+            // Back to the password, without the e-mailed code (a new one is sent if the account is over the line).
             dialogue.step = .password
             dialogue.unblockCodeHash = nil
         }
         return try await outcome(result, dialogue: &dialogue, wrong: .incorrectPassword)
     }
 
-    private func unblock(code: String, password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps)
+    /// The e-mailed code with the password: the password is relayed only with the right code, which
+    /// stays valid while the upstream cannot answer (the same step may be tried again).
+    private func unblock(code: String, password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?)
         async throws(OAuthError) -> ChallengeAnswer
     {
         guard let expected = dialogue.unblockCodeHash, let expiresAt = dialogue.unblockExpiresAt, expiresAt > now(),
@@ -259,8 +281,7 @@ extension InAppSignIn {
             return try await wrong(&dialogue, .invalidUnblockCode)
         }
         guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
-        dialogue.unblockCodeHash = nil
-        return try await relay(password, dialogue: &dialogue, steps: steps)
+        return try await relay(password, dialogue: &dialogue, steps: steps, address: address, counted: false)
     }
 
     /// E-mails a fresh 6-digit code to the account and waits for it. When the e-mail cannot go,
@@ -270,6 +291,9 @@ extension InAppSignIn {
             return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.pause) }
         }
         guard let mailer else { return try await save(dialogue) { .failed(.failedToSendEmail, session: $0) } }
+        guard try await admitEmail(dialogue) else {
+            return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: Self.mailPause) }
+        }
         let code = Self.sixDigits()
         dialogue.emails += 1
         do {
@@ -299,6 +323,7 @@ extension InAppSignIn {
         switch result {
         case .signedIn(let grant):
             try? await store.resetAttempts(purpose: Self.failurePurpose, keyHash: accountKey(dialogue))
+            try? await store.resetAttempts(purpose: Self.codePurpose, keyHash: accountKey(dialogue))
             return try await issueCode(grant, dialogue: dialogue)
         case .secondFactor(let token):
             try? await store.resetAttempts(purpose: Self.failurePurpose, keyHash: accountKey(dialogue))
@@ -309,7 +334,7 @@ extension InAppSignIn {
             return try await wrong(&dialogue, failure)
         case .refused(.unusable(let detail)):
             logger.warning("in-app sign-in failed at the upstream", metadata: ["upstream": .string(dialogue.upstream), "reason": .string(detail)])
-            return .failed(.authenticationFailure, session: nil)
+            return .failed(.authenticationFailure, session: nil, ended: true)
         case .refused(let refusal):
             let (failure, retryAfter) = Self.failure(of: refusal)
             return try await save(dialogue) { .failed(failure, session: $0, retryAfter: retryAfter) }
@@ -321,7 +346,7 @@ extension InAppSignIn {
         dialogue.attempts += 1
         guard dialogue.attempts < settings.attempts else {
             logger.notice("in-app sign-in ended after too many wrong inputs", metadata: ["client_id": .string(dialogue.clientID)])
-            return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause)
+            return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause, ended: true)
         }
         return try await save(dialogue) { [step = dialogue.step] in .next(step, session: $0, failure: failure) }
     }
@@ -359,15 +384,44 @@ extension InAppSignIn {
 
     // MARK: Helpers
 
+    /// The store counters of an account: passwords between two successes, second-factor codes, e-mails.
     static let failurePurpose = "in-app-password"
+    static let codePurpose = "in-app-code"
+    static let mailPurpose = "in-app-mail"
+
+    /// The wait answered when the account's e-mails for the hour are spent.
+    static let mailPause = 600
+
+    /// Counts one attempt of `purpose` for the dialogue's account, in the store, within the failure window.
+    private func count(_ purpose: String, _ dialogue: ChallengeDialogue) async throws(OAuthError) -> Int {
+        do {
+            return try await store.countAttempt(purpose: purpose, keyHash: accountKey(dialogue), expiresAt: expiry(after: settings.failureWindow),
+                                                now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+    }
+
+    /// Whether one more e-mail may go to the dialogue's account this hour (counted in the store,
+    /// on every instance, whichever dialogue asks): no address can be flooded through Gatehouse.
+    private func admitEmail(_ dialogue: ChallengeDialogue) async throws(OAuthError) -> Bool {
+        do {
+            return try await store.countAttempt(purpose: Self.mailPurpose, keyHash: accountKey(dialogue), expiresAt: expiry(after: .seconds(3600)),
+                                                now: now()) <= settings.emailsPerHour
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+    }
 
     /// The wait a per-dialogue limit answers with (too many wrong inputs, no more e-mails): a pause
     /// before the user starts again; the limits per account and address decide what comes after.
     static let pause = 30
 
-    /// The account's key in the store and the limits: its upstream and login, hashed.
-    private func accountKey(_ dialogue: ChallengeDialogue) -> String {
-        SecureToken.hash(dialogue.upstream + "\n" + dialogue.login.lowercased())
+    /// The account's key in the store and the limits: its upstream and login, hashed, the login
+    /// folded (Unicode compatibility forms, then case), so that `ADA@…`, `ａｄａ@…` and `ada@…` are
+    /// one account to every counter.
+    func accountKey(_ dialogue: ChallengeDialogue) -> String {
+        SecureToken.hash(dialogue.upstream + "\n" + dialogue.login.precomposedStringWithCompatibilityMapping.lowercased())
     }
 
     /// One token of the account's bucket; the wait in seconds when empty.
@@ -375,9 +429,11 @@ extension InAppSignIn {
         limits.take(.in_app_account, key: accountKey(dialogue), clientID: dialogue.clientID)?.retryAfterSeconds
     }
 
-    /// Whether the client is an app instance no platform or code has certified.
+    /// Whether the client is an install no platform or code has certified: an uncertified
+    /// instance of an app with `instances`, or that app's own client id (every install can send it).
     private func uncertified(_ client: AppClient) async throws(OAuthError) -> Bool {
-        guard client.isInstance else { return false }
+        guard client.instances != nil else { return false }
+        guard client.isInstance else { return true }
         let instance: InstanceRecord?
         do {
             instance = try await store.instance(id: client.clientID)
@@ -385,6 +441,12 @@ extension InAppSignIn {
             throw .serverError("Gatehouse cannot reach its store right now")
         }
         return instance?.certification == nil
+    }
+
+    /// Whether a refusal ends the dialogue (an unusable answer) rather than leaving the step to try again.
+    static func ends(_ refusal: InAppRefusal) -> Bool {
+        if case .unusable = refusal { return true }
+        return false
     }
 
     static func failure(of refusal: InAppRefusal) -> (InAppFailure, Int?) {

@@ -38,12 +38,14 @@ struct ChallengeAnswer {
     enum ChallengeValue: Encodable {
         case string(String)
         case number(Int)
+        case flag(Bool)
 
         func encode(to encoder: any Encoder) throws {
             var container = encoder.singleValueContainer()
             switch self {
             case .string(let text): try container.encode(text)
             case .number(let number): try container.encode(number)
+            case .flag(let value): try container.encode(value)
             }
         }
     }
@@ -77,8 +79,8 @@ struct ChallengeAnswer {
     }
 
     /// A catalog failure that is not a step's wrong input (limits, the upstream, the mail relay),
-    /// with the next `auth_session` when the dialogue goes on.
-    static func failed(_ failure: InAppFailure, session: String?, retryAfter: Int? = nil) -> ChallengeAnswer {
+    /// with the next `auth_session` when the dialogue goes on; `ended` when it is over.
+    static func failed(_ failure: InAppFailure, session: String?, retryAfter: Int? = nil, ended: Bool = false) -> ChallengeAnswer {
         let code = switch failure {
         case .authenticationFailure: "server_error"
         case .invalidEmailAddress: "invalid_request"
@@ -89,21 +91,34 @@ struct ChallengeAnswer {
         ]
         if let session { body["auth_session"] = .string(session) }
         if let retryAfter { body["retry_after"] = .number(retryAfter) }
+        if ended { body["dialogue_ended"] = .flag(true) }
         return ChallengeAnswer(status: failure.status, body: body, retryAfter: retryAfter)
     }
 
     /// An OAuth error of the request itself (RFC 6749 §5.2, the draft's `invalid_session`), with
     /// the next `auth_session` when the dialogue goes on.
-    static func refused(_ error: OAuthError, session: String? = nil) -> ChallengeAnswer {
-        var body: [String: ChallengeValue] = ["error": .string(error.code), "error_description": .string(error.detail)]
+    static func refused(_ error: OAuthError, session: String? = nil, ended: Bool = false) -> ChallengeAnswer {
+        var body: [String: ChallengeValue] = ["error": .string(error.code), "error_description": .string(Self.printable(error.detail))]
         if let session { body["auth_session"] = .string(session) }
+        if ended { body["dialogue_ended"] = .flag(true) }
         return ChallengeAnswer(status: error.status, body: body, retryAfter: error.retryAfter, dpopNonce: error.dpopNonce)
     }
 
     static let invalidSession = ChallengeAnswer(status: 400, body: [
         "error": .string("invalid_session"),
         "error_description": .string("The auth_session is unknown, already used, expired, or another app's: start again."),
+        "dialogue_ended": .flag(true),
     ])
+
+    /// A description within the characters the draft allows (`%x20-21 / %x23-5B / %x5D-7E`):
+    /// anything else (an echoed scope's quote or accent) becomes `?`.
+    static func printable(_ text: String) -> String {
+        String(text.unicodeScalars.map { scalar in
+            let value = scalar.value
+            let allowed = (0x20...0x7E).contains(value) && value != 0x22 && value != 0x5C
+            return allowed ? Character(scalar) : "?"
+        })
+    }
 
     var response: Response {
         var response = Response.oauthJSON(JSONCoding.encode(body), status: .init(code: status))

@@ -84,9 +84,15 @@ public final class RateLimiters: Sendable {
     /// The client's address as the limits count it: the peer, or what a trusted proxy says the
     /// client was; an IPv6 address by its /64 (`ClientAddress.bucketKey`).
     public func clientAddress(peer: String?, headers: HTTPFields) -> String? {
+        resolvedClientAddress(peer: peer, headers: headers).map(ClientAddress.bucketKey)
+    }
+
+    /// The client's address itself (an IPv6 address whole): what an upstream that protects
+    /// accounts by address is told.
+    public func resolvedClientAddress(peer: String?, headers: HTTPFields) -> String? {
         // Several lines of one field are one list (RFC 9110 §5.3): the last proxy's hop is last.
         ClientAddress.resolve(peer: peer, forwardedFor: joined(headers, Self.forwardedFor), forwarded: joined(headers, Self.forwarded),
-                              trusted: settings.trustedProxies, header: settings.forwardedHeader).map(ClientAddress.bucketKey)
+                              trusted: settings.trustedProxies, header: settings.forwardedHeader)
     }
 
     private func joined(_ headers: HTTPFields, _ name: HTTPField.Name) -> String? {

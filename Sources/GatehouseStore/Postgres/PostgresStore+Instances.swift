@@ -166,6 +166,15 @@ extension PostgresStore {
         return AttemptCounter.count(decoding: try rows.first?.decode(Data.self))
     }
 
+    public func discountAttempt(purpose: String, keyHash: String, now: Date) async throws {
+        let kind = AttemptCounter.kind(purpose)
+        try await query(
+            """
+            UPDATE single_use SET value = convert_to(GREATEST(convert_from(value, 'UTF8')::bigint - 1, 0)::text, 'UTF8')
+            WHERE kind = \(kind) AND key_hash = \(keyHash) AND expires_at > \(ms(now))
+            """, logger: logger)
+    }
+
     public func resetAttempts(purpose: String, keyHash: String) async throws {
         let kind = AttemptCounter.kind(purpose)
         try await query("DELETE FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash)", logger: logger)

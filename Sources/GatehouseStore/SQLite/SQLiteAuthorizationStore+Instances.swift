@@ -193,6 +193,15 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
         return AttemptCounter.count(decoding: rows.first?.column("value")?.blob.map { Data($0.readableBytesView) })
     }
 
+    public func discountAttempt(purpose: String, keyHash: String, now: Date) async throws {
+        try await connection.query(
+            """
+            UPDATE single_use SET value = CAST(CAST(MAX(CAST(CAST(value AS TEXT) AS INTEGER) - 1, 0) AS TEXT) AS BLOB)
+            WHERE kind = ? AND key_hash = ? AND expires_at > ?
+            """,
+            [.text(AttemptCounter.kind(purpose)), .text(keyHash), .integer(Self.milliseconds(now))])
+    }
+
     public func resetAttempts(purpose: String, keyHash: String) async throws {
         try await connection.query("DELETE FROM single_use WHERE kind = ? AND key_hash = ?", [.text(AttemptCounter.kind(purpose)), .text(keyHash)])
     }

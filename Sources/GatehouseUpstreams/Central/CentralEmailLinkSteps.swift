@@ -25,9 +25,16 @@ struct CentralEmailLinkSteps: InAppSignInSteps {
         }
     }
 
-    func emailCode(_ code: String) async -> InAppOutcome {
+    func emailCode(_ code: String, for email: String) async -> InAppOutcome {
         do throws(CentralFailure) {
             let user = try await upstream.client.verify(code: code)
+            // The link of another address does not finish this dialogue (its code is spent at the provider).
+            guard user.email.lowercased() == email.lowercased() else {
+                upstream.client.http.logger.warning("security event: an e-mail link's code of another address", metadata: [
+                    "upstream": .string(upstream.settings.name),
+                ])
+                return .refused(.wrongInput)
+            }
             return .signedIn(UpstreamGrant(tokens: nil, userinfo: user.json, subject: user.userId))
         } catch {
             return .refused(Self.refusal(error))

@@ -1,12 +1,18 @@
+import AsyncHTTPClient
 import Foundation
 public import GatehouseCore
 import Logging
 import NIOHTTP1
 
-/// A second-factor dialect an `oauth2` upstream may answer the password grant with.
-public enum OAuth2SecondFactor: String, Sendable, CaseIterable {
-    /// Auth0's documented MFA for the password grant: `403 mfa_required` with an `mfa_token`,
-    /// `POST /mfa/challenge` (`challenge_type=otp`), then the grant
+/// `upstreams[].password_grant` of an `oauth2` upstream: whether it takes the resource-owner
+/// password grant from Gatehouse, and in which dialect.
+public enum OAuth2PasswordGrant: String, Sendable, CaseIterable {
+    case off = "false"
+    /// RFC 6749 §4.3 as written.
+    case on = "true"
+    /// Auth0's documented password grant: the user's address in `auth0-forwarded-for` (so that its
+    /// attack protection counts the user, not Gatehouse), and its MFA: `403 mfa_required` with an
+    /// `mfa_token`, `POST /mfa/challenge` (`challenge_type=otp`), then the grant
     /// `http://auth0.com/oauth/grant-type/mfa-otp` with the `mfa_token` and the `otp`.
     case auth0
 }
@@ -22,25 +28,29 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
 
     var firstStep: InAppFirstStep { .password }
 
-    func password(login: String, password: String, scopes: [String]) async -> InAppOutcome {
+    private var auth0: Bool { oauth2.passwordGrant == .auth0 }
+
+    func password(login: String, password: String, scopes: [String], clientAddress: String?) async -> InAppOutcome {
         var form = [("grant_type", "password"), ("username", login), ("password", password)]
         if !scopes.isEmpty { form.append(("scope", scopes.joined(separator: " "))) }
-        let outcome = await tokenCall(form, purpose: "password grant")
+        let outcome = await call(oauth2.tokenEndpoint, form, clientAddress: clientAddress, purpose: "password grant")
         guard case .secondFactor(let token) = outcome else { return outcome }
-        // Auth0: the OTP challenge is asked for once, then the code is verified at the token endpoint.
-        let challenge = [("mfa_token", token), ("challenge_type", "otp")]
-        let request = http.settings.authenticatedForm(url: challengeEndpoint, challenge)
-        do {
-            let (status, _, body) = try await http.sendWithHeaders(request, endpoint: .token, purpose: "second-factor challenge")
-            guard status == 200 else { return .refused(Self.refusal(status: status, headers: [:], body: body)) }
-        } catch {
-            return .refused(InAppRefusal(error))
+        // Auth0: an OTP challenge is asked for once, then the code is verified at the token
+        // endpoint. Auth0 documents the challenge as optional for OTP authenticators: a refused
+        // one is logged, and the code decides.
+        let challenge = await call(challengeEndpoint, [("mfa_token", token), ("challenge_type", "otp")], clientAddress: clientAddress,
+                                   purpose: "second-factor challenge")
+        if case .refused(let refusal) = challenge {
+            http.logger.notice("upstream second-factor challenge refused; the code is asked for anyway", metadata: [
+                "upstream": .string(http.settings.name), "refusal": .string(String(describing: refusal)),
+            ])
         }
         return outcome
     }
 
-    func secondFactor(token: String, otp: String) async -> InAppOutcome {
-        await tokenCall([("grant_type", Self.mfaOTPGrant), ("mfa_token", token), ("otp", otp)], purpose: "second factor")
+    func secondFactor(token: String, otp: String, clientAddress: String?) async -> InAppOutcome {
+        await call(oauth2.tokenEndpoint, [("grant_type", Self.mfaOTPGrant), ("mfa_token", token), ("otp", otp)],
+                   clientAddress: clientAddress, purpose: "second factor")
     }
 
     /// Auth0 documents `/mfa/challenge` beside `/oauth/token` on the tenant's domain.
@@ -52,9 +62,13 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
         return parts.string ?? oauth2.tokenEndpoint
     }
 
-    /// One call to the token endpoint with Gatehouse's client credentials, read as an in-app outcome.
-    private func tokenCall(_ form: [(String, String)], purpose: String) async -> InAppOutcome {
-        let request = http.settings.authenticatedForm(url: oauth2.tokenEndpoint, form)
+    /// One call with Gatehouse's client credentials (and, to Auth0, `client_id` in the body as its
+    /// MFA endpoints document, and the user's address), read as an in-app outcome.
+    private func call(_ url: String, _ form: [(String, String)], clientAddress: String?, purpose: String) async -> InAppOutcome {
+        var form = form
+        if auth0, http.settings.clientAuthentication == .clientSecretBasic { form.append(("client_id", http.settings.clientID)) }
+        var request = http.settings.authenticatedForm(url: url, form)
+        if auth0, let clientAddress { request.headers.add(name: "auth0-forwarded-for", value: clientAddress) }
         let answer: (status: Int, headers: HTTPHeaders, body: Data)
         do {
             answer = try await http.sendWithHeaders(request, endpoint: .token, purpose: purpose)
@@ -62,6 +76,8 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
             return .refused(InAppRefusal(error))
         }
         if answer.status == 200 {
+            // The challenge's answer: only a refusal of it matters.
+            if url != oauth2.tokenEndpoint { return .signedIn(UpstreamGrant(tokens: nil)) }
             do throws(OAuthError) {
                 return .signedIn(UpstreamGrant(tokens: try UpstreamTokenResponse(body: answer.body)))
             } catch {
@@ -69,11 +85,11 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
             }
         }
         let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
-        if oauth2.secondFactor == .auth0, answer.status == 403, object?["error"] as? String == "mfa_required",
+        if auth0, answer.status == 403, object?["error"] as? String == "mfa_required",
            let token = object?["mfa_token"] as? String, !token.isEmpty {
             return .secondFactor(token: token)
         }
-        let refusal = Self.refusal(status: answer.status, headers: answer.headers, body: answer.body)
+        let refusal = Self.refusal(status: answer.status, headers: answer.headers, body: answer.body, auth0: auth0)
         if case .unusable(let detail) = refusal {
             http.logger.warning("upstream \(purpose) refused", metadata: [
                 "upstream": .string(http.settings.name), "status": .stringConvertible(answer.status), "reason": .string(detail),
@@ -83,8 +99,9 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     }
 
     /// An upstream's refusal: `invalid_grant` (RFC 6749 §5.2; Auth0 answers it with 403) is a
-    /// wrong password or code; 429 a request to slow down; 5xx an unavailable upstream.
-    static func refusal(status: Int, headers: HTTPHeaders, body: Data) -> InAppRefusal {
+    /// wrong password or code, and so is Auth0's `unauthorized` for a blocked user (told apart, it
+    /// would say which accounts exist); 429 a request to slow down; 5xx an unavailable upstream.
+    static func refusal(status: Int, headers: HTTPHeaders, body: Data, auth0: Bool = false) -> InAppRefusal {
         if status == 429 {
             // Read as every 429 of an upstream is (delay-seconds or an HTTP-date, 1 s to 5 min).
             let wait = UpstreamBackoff.wait(retryAfter: headers.first(name: "Retry-After"), now: Date())
@@ -93,7 +110,7 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
         if status >= 500 { return status == 504 ? .timeout : .unavailable }
         let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
         guard let code = object?["error"] as? String else { return .unusable("HTTP \(status) without an OAuth error") }
-        if code == "invalid_grant" { return .wrongInput }
+        if code == "invalid_grant" || (auth0 && code == "unauthorized") { return .wrongInput }
         return .unusable("HTTP \(status) \(code.prefix(64))")
     }
 }

@@ -11,12 +11,10 @@ public struct OAuth2Settings: UpstreamProfileSettings {
     public var revocationEndpoint: String?
     /// Whether the upstream understands PKCE; Gatehouse then uses PKCE toward it too.
     public var pkce: Bool
-    /// Whether the upstream takes the resource-owner password grant (RFC 6749 §4.3) from
-    /// Gatehouse: in-app sign-in then relays the user's password to it.
-    public var passwordGrant: Bool = false
-    /// The second-factor dialect the upstream answers the password grant with, if any.
-    public var secondFactor: OAuth2SecondFactor?
-    /// Where the second factor's challenge is asked for (Auth0: `/mfa/challenge` beside `/oauth/token`).
+    /// Whether, and in which dialect, the upstream takes the resource-owner password grant
+    /// (RFC 6749 §4.3) from Gatehouse: in-app sign-in then relays the user's password to it.
+    public var passwordGrant: OAuth2PasswordGrant = .off
+    /// Where Auth0's second factor is challenged (`/mfa/challenge` beside `/oauth/token` unless configured).
     public var mfaChallengeEndpoint: String?
 
     public init(authorizationEndpoint: String, tokenEndpoint: String, revocationEndpoint: String? = nil, pkce: Bool = false) {
@@ -54,20 +52,15 @@ public struct OAuth2Upstream: UpstreamProfile {
             let token = GatehouseConfiguration.endpoint("token_endpoint", in: map)
             let revocation = map.value("revocation_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("revocation_endpoint", in: map)
             let pkce = map.bool("pkce") ?? false
-            let passwordGrant = map.bool("password_grant") ?? false
-            let secondFactor = map.value("second_factor") == nil ? nil : map.choice("second_factor", default: OAuth2SecondFactor.auth0)
+            let passwordGrant = map.choice("password_grant", default: OAuth2PasswordGrant.off)
             let challenge = map.value("mfa_challenge_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("mfa_challenge_endpoint", in: map)
-            if secondFactor != nil, !passwordGrant {
-                map.reader.report(map.childPath("second_factor"), map.value("second_factor"),
-                                  "needs password_grant: true (the second factor answers the password grant)")
-            }
-            if challenge != nil, secondFactor == nil {
-                map.reader.report(map.childPath("mfa_challenge_endpoint"), map.value("mfa_challenge_endpoint"), "needs second_factor")
+            if challenge != nil, passwordGrant != .auth0 {
+                map.reader.report(map.childPath("mfa_challenge_endpoint"), map.value("mfa_challenge_endpoint"),
+                                  "needs password_grant: auth0 (the second factor of Auth0's password grant)")
             }
             guard let authorize, let token else { return nil }
             var settings = OAuth2Settings(authorizationEndpoint: authorize, tokenEndpoint: token, revocationEndpoint: revocation, pkce: pkce)
             settings.passwordGrant = passwordGrant
-            settings.secondFactor = secondFactor
             settings.mfaChallengeEndpoint = challenge
             return settings
         },
@@ -100,6 +93,6 @@ public struct OAuth2Upstream: UpstreamProfile {
     }
 
     public var inAppSignIn: (any InAppSignInSteps)? {
-        oauth2.passwordGrant ? OAuth2PasswordSteps(oauth2: oauth2, http: http) : nil
+        oauth2.passwordGrant == .off ? nil : OAuth2PasswordSteps(oauth2: oauth2, http: http)
     }
 }

@@ -32,13 +32,15 @@ final class ScriptedSteps: InAppSignInSteps {
         return outcomes.withLock { $0.isEmpty ? .refused(.unusable("nothing scripted")) : $0.removeFirst() }
     }
 
-    func password(login: String, password: String, scopes: [String]) async -> InAppOutcome { next("password:\(login):\(password)") }
-    func secondFactor(token: String, otp: String) async -> InAppOutcome { next("otp:\(token):\(otp)") }
+    func password(login: String, password: String, scopes: [String], clientAddress: String?) async -> InAppOutcome {
+        next("password:\(login):\(password)")
+    }
+    func secondFactor(token: String, otp: String, clientAddress: String?) async -> InAppOutcome { next("otp:\(token):\(otp)") }
     func sendEmailLink(to email: String, clientAddress: String?) async -> InAppRefusal? {
         log.withLock { $0.append("link:\(email)") }
         return nil
     }
-    func emailCode(_ code: String) async -> InAppOutcome { next("email:\(code)") }
+    func emailCode(_ code: String, for email: String) async -> InAppOutcome { next("email:\(code):\(email)") }
 }
 
 /// An `oauth2` profile (its authorize URL is the real one) whose in-app steps are scripted.
@@ -307,6 +309,7 @@ struct InAppSignInTests {
             #expect(json(last)["failure"] as? String == "too_many_requests")
             #expect(json(last)["auth_session"] == nil)
             #expect(last.headers[.retryAfter] == "30")
+            #expect(json(last)["dialogue_ended"] as? Bool == true)
             #expect(json(last)["retry_after"] as? Int == 30)
         }
     }
@@ -405,6 +408,128 @@ struct InAppSignInTests {
             #expect(harness.steps.calls == ["password:ada@example.com:nope", "password:ada@example.com:pw"])
             #expect(try await harness.store.attemptCount(purpose: InAppSignIn.failurePurpose,
                                                          keyHash: SecureToken.hash("legacy\nada@example.com"), now: harness.clock.now()) == 0)
+        }
+    }
+
+    @Test func theAppsOwnClientIDOfAnAppWithInstancesPassesAnUnblockCodeLikeAnUncertifiedInstance() async throws {
+        let yaml = Self.yaml(extraClient: """
+              - client_id: com.example.installs
+                upstream: legacy
+                redirect_uris: ["com.example.installs:/cb"]
+                in_app_sign_in: on
+                instances: {}
+            """)
+        try await Self.withRouter(yaml: yaml, recordingMail: true) { harness, client, _ in
+            let session = try #require(json(try await client.challenge(Self.begin(client: "com.example.installs")))["auth_session"] as? String)
+            let asked = try await client.challenge(["auth_session": session, "password": "correct horse"])
+            #expect(json(asked)["step"] as? String == "unblock_code")
+            #expect(harness.mail?.messages.count == 1)
+            #expect(harness.steps.calls.isEmpty)
+        }
+    }
+
+    @Test func everySpellingOfAnAccountIsOneAccount() async throws {
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 2"), recordingMail: true) { harness, client, _ in
+            for spelling in ["ADA@example.com", " \u{FF41}da@example.com "] {  // upper case; a fullwidth a, spaces around
+                let session = try #require(json(try await client.challenge(Self.begin(login: spelling)))["auth_session"] as? String)
+                harness.steps.then(.refused(.wrongInput))
+                #expect(json(try await client.challenge(["auth_session": session, "password": "nope"]))["failure"] as? String == "incorrect_password")
+            }
+            let session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+            #expect(json(try await client.challenge(["auth_session": session, "password": "pw"]))["step"] as? String == "unblock_code")
+            #expect(harness.steps.calls == ["password:ADA@example.com:nope", "password:\u{FF41}da@example.com:nope"])
+            // A space inside is no spelling of anything.
+            #expect(json(try await client.challenge(Self.begin(login: "ada @example.com")))["error"] as? String == "invalid_request")
+        }
+    }
+
+    @Test func racingPasswordsForOneAccountRelayAtMostTheLimit() async throws {
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 3\n  emails_per_hour: 20"),
+                                  recordingMail: true) { harness, client, _ in
+            var sessions: [String] = []
+            for _ in 0..<10 {
+                sessions.append(try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String))
+                harness.steps.then(.refused(.wrongInput))
+            }
+            let answers = try await withThrowingTaskGroup(of: String?.self) { group in
+                for session in sessions {
+                    group.addTask { json(try await client.challenge(["auth_session": session, "password": "guess"]))["step"] as? String }
+                }
+                return try await group.reduce(into: [String?]()) { $0.append($1) }
+            }
+            // However they interleave, three reached the upstream; the others met the unblock code.
+            #expect(harness.steps.calls.count == 3)
+            #expect(answers.filter { $0 == "unblock_code" }.count == 7)
+        }
+    }
+
+    @Test func theUnblockCodeSurvivesAnUpstreamThatCannotAnswer() async throws {
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 1"), recordingMail: true) { harness, client, _ in
+            var session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+            harness.steps.then(.refused(.wrongInput))
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "nope"]))["auth_session"] as? String)
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "pw"]))["auth_session"] as? String)
+            let code = try #require(harness.mail?.lastCode)
+            harness.steps.then(.refused(.unavailable))
+            let down = try await client.challenge(["auth_session": session, "unblock_code": code, "password": "pw"])
+            #expect(json(down)["failure"] as? String == "server_unavailable")
+            #expect(json(down)["dialogue_ended"] == nil)
+            session = try #require(json(down)["auth_session"] as? String)
+            harness.steps.then(Self.signedIn)
+            #expect(try await client.challenge(["auth_session": session, "unblock_code": code, "password": "pw"]).status == .ok)
+        }
+    }
+
+    @Test func anAccountGetsALimitedNumberOfEmailsWhateverTheDialogues() async throws {
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  unblock_after: 1\n  emails_per_hour: 2"),
+                                  recordingMail: true) { harness, client, _ in
+            harness.steps.then(.refused(.wrongInput))
+            var session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+            session = try #require(json(try await client.challenge(["auth_session": session, "password": "nope"]))["auth_session"] as? String)
+            var statuses: [Int] = []
+            for _ in 0..<3 {  // three dialogues, each asking for a code
+                let fresh = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+                statuses.append(Int(try await client.challenge(["auth_session": fresh, "password": "pw"]).status.code))
+            }
+            #expect(statuses == [403, 403, 429])
+            #expect(harness.mail?.messages.count == 2)
+            _ = session
+        }
+    }
+
+    @Test func secondFactorCodesAreCountedPerAccountAcrossDialogues() async throws {
+        try await Self.withRouter(yaml: Self.yaml(inAppSection: "in_app_sign_in:\n  attempts: 3")) { harness, client, _ in
+            var calls = 0
+            for wrongCodes in [2, 2] {
+                var session = try #require(json(try await client.challenge(Self.begin()))["auth_session"] as? String)
+                harness.steps.then(.secondFactor(token: "mfa"))
+                session = try #require(json(try await client.challenge(["auth_session": session, "password": "pw"]))["auth_session"] as? String)
+                for _ in 0..<wrongCodes {
+                    harness.steps.then(.refused(.wrongInput))
+                    let answer = try await client.challenge(["auth_session": session, "otp": "000000"])
+                    guard let next = json(answer)["auth_session"] as? String else {
+                        #expect(answer.status == .tooManyRequests)
+                        #expect(json(answer)["dialogue_ended"] as? Bool == true)
+                        break
+                    }
+                    session = next
+                }
+                calls += 1
+            }
+            // 2 codes in the first dialogue, 1 in the second: the account's third; the fourth was never sent.
+            #expect(harness.steps.calls.filter { $0.hasPrefix("otp:") }.count == 3)
+            _ = calls
+        }
+    }
+
+    @Test func descriptionsKeepToTheDraftsCharacters() async throws {
+        try await Self.withRouter { _, client, _ in
+            var form = Self.begin()
+            form["scope"] = #"r\"é"#
+            let answer = try await client.challenge(form)
+            #expect(json(answer)["error"] as? String == "invalid_scope")
+            let description = try #require(json(answer)["error_description"] as? String)
+            #expect(description.unicodeScalars.allSatisfy { (0x20...0x7E).contains($0.value) && $0 != "\"" && $0 != "\\" })
         }
     }
 
