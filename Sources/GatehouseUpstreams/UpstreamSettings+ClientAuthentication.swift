@@ -22,7 +22,7 @@ extension UpstreamSettings {
             form.append(("client_id", clientID))
             form.append(("client_secret", clientSecret.reveal()))
         }
-        let body = form.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
+        let body = FormParameters.encode(pairs: form)
         request.body = .bytes(ByteBuffer(string: body))
         return request
     }

@@ -73,7 +73,7 @@ public struct RedirectURI: Sendable, Hashable, CustomStringConvertible {
     /// Adds parameters to a redirect URI, after any query it already has.
     public static func appending(_ parameters: [(String, String)], to uri: String) -> String {
         guard !parameters.isEmpty else { return uri }
-        let query = parameters.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
+        let query = FormParameters.encode(pairs: parameters)
         return uri + (uri.contains("?") ? "&" : "?") + query
     }
 

@@ -65,9 +65,13 @@ public struct FormParameters: Sendable, Equatable {
 
     /// `name=value&…` with RFC 3986 unreserved characters left as they are.
     public func encoded() -> String {
-        values.sorted { $0.key < $1.key }
-            .map { "\(Self.encode($0.key))=\(Self.encode($0.value))" }
-            .joined(separator: "&")
+        Self.encode(pairs: values.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+    }
+
+    /// `name=value&…` of `pairs`, in their order, each name and value percent-encoded (`encode`):
+    /// a form body, or a query.
+    public static func encode(pairs: [(String, String)]) -> String {
+        pairs.map { "\(encode($0.0))=\(encode($0.1))" }.joined(separator: "&")
     }
 
     /// Percent-encodes everything but the unreserved characters of RFC 3986 §2.3.

@@ -11,7 +11,7 @@ extension GatehouseFeature {
     /// Records `parameters` (an authorization request, already checked) and returns its `request_uri`.
     func pushAuthorizationRequest(_ parameters: [(String, String)], lifetime: Duration) async throws -> String {
         let requestURI = Self.requestURIPrefix + SecureToken.generate()
-        let query = parameters.map { "\(FormParameters.encode($0.0))=\(FormParameters.encode($0.1))" }.joined(separator: "&")
+        let query = FormParameters.encode(pairs: parameters)
         let sealed = try TokenSeal.seal(Data(query.utf8), with: requestURI, purpose: Self.pushedSealPurpose)
         try await store.insertTransaction(sealed: sealed, stateHash: Self.pushedKey(requestURI), expiresAt: expiry(after: lifetime))
         return requestURI
