@@ -22,7 +22,7 @@ public enum InAppOutcome: Sendable {
 }
 
 /// Why a step did not go through.
-public enum InAppRefusal: Sendable, Equatable {
+public enum InAppRefusal: Error, Sendable, Equatable {
     /// The password, code or link code is wrong (the upstream's `invalid_grant`).
     case wrongInput
     /// The upstream asked to slow down (HTTP 429).

@@ -45,35 +45,64 @@ extension AuthorizationRequest {
         func fail(_ error: OAuthError) -> AuthorizationDecision {
             .redirectError(redirectURI: redirectURI, error: error, state: state)
         }
-        guard let responseType = parameters["response_type"] else {
-            return fail(.invalidRequest("response_type is required"))
-        }
-        guard responseType == "code" else {
-            return fail(.unsupportedResponseType("only response_type=code is supported"))
+        do throws(OAuthError) {
+            try checkResponseType(parameters)
+        } catch {
+            return fail(error)
         }
         guard let state else {
             return fail(.invalidRequest("state is required"))
         }
+        let grant: Grant
+        do throws(OAuthError) {
+            grant = try checkGrant(parameters, client: client)
+        } catch {
+            return fail(error)
+        }
+        return .proceed(AuthorizationRequest(clientID: clientID, redirectURI: redirectURI, state: state,
+                                             codeChallenge: grant.codeChallenge, scopes: grant.scopes, nonce: grant.nonce))
+    }
+
+    /// `response_type`, which must be `code`.
+    public static func checkResponseType(_ parameters: FormParameters) throws(OAuthError) {
+        guard let responseType = parameters["response_type"] else {
+            throw .invalidRequest("response_type is required")
+        }
+        guard responseType == "code" else {
+            throw .unsupportedResponseType("only response_type=code is supported")
+        }
+    }
+
+    /// What an authorization request asks for, checked: the S256 PKCE challenge, the scopes (the
+    /// app's own, all of them when it names none) and the `nonce`.
+    public struct Grant: Sendable, Equatable {
+        public let codeChallenge: String
+        public let scopes: [String]
+        public let nonce: String?
+    }
+
+    /// The checks every authorization request of `client` passes, at `/oauth/authorize` and at the
+    /// authorization challenge endpoint alike.
+    public static func checkGrant(_ parameters: FormParameters, client: AppClient) throws(OAuthError) -> Grant {
         guard let challenge = parameters["code_challenge"] else {
-            return fail(.invalidRequest("code_challenge is required (PKCE, RFC 7636)"))
+            throw .invalidRequest("code_challenge is required (PKCE, RFC 7636)")
         }
         guard let method = parameters["code_challenge_method"] else {
-            return fail(.invalidRequest("code_challenge_method is required and must be S256"))
+            throw .invalidRequest("code_challenge_method is required and must be S256")
         }
         guard method == PKCE.method else {
-            return fail(.invalidRequest("code_challenge_method must be S256; plain is not accepted"))
+            throw .invalidRequest("code_challenge_method must be S256; plain is not accepted")
         }
         guard PKCE.isWellFormedChallenge(challenge) else {
-            return fail(.invalidRequest("code_challenge must be 43 base64url characters (S256)"))
+            throw .invalidRequest("code_challenge must be 43 base64url characters (S256)")
         }
         let requested = parameters["scope"].map { $0.split(separator: " ").map(String.init) } ?? client.scopes
         if let unknown = requested.first(where: { !client.scopes.contains($0) }) {
-            return fail(.invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app"))
+            throw .invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app")
         }
         if let nonce = parameters["nonce"], nonce.isEmpty || nonce.utf8.count > 512 {
-            return fail(.invalidRequest("nonce must be 1 to 512 characters"))
+            throw .invalidRequest("nonce must be 1 to 512 characters")
         }
-        return .proceed(AuthorizationRequest(clientID: clientID, redirectURI: redirectURI, state: state,
-                                             codeChallenge: challenge, scopes: requested, nonce: parameters["nonce"]))
+        return Grant(codeChallenge: challenge, scopes: requested, nonce: parameters["nonce"])
     }
 }

@@ -9,9 +9,11 @@ public enum InAppSignInPolicy: String, Sendable, CaseIterable {
 public struct InAppSignInSettings: Sendable, Equatable {
     /// How long an `auth_session` lives after its last answer.
     public var sessionLifetime: Duration = .seconds(600)
-    /// Wrong inputs (passwords, codes) within one dialogue before it ends.
+    /// Wrong inputs (passwords, codes) within one dialogue before it ends; also the second-factor
+    /// codes one account may send within `failureWindow`.
     public var attempts: Int = 5
-    /// Failed passwords per account, within `failureWindow`, after which an unblock code is e-mailed first.
+    /// Passwords one account may have relayed without a success within `failureWindow`; past them
+    /// an unblock code is e-mailed first.
     public var unblockAfter: Int = 3
     public var failureWindow: Duration = .seconds(900)
     /// How long an e-mailed unblock code is valid.

@@ -51,10 +51,9 @@ public struct ChallengeDialogue: Sendable, Codable, Equatable {
     /// The SHA-256 of the e-mailed unblock code and when it stops being valid.
     public var unblockCodeHash: String?
     public var unblockExpiresAt: Date?
-    public var startedAt: Date
 
     public init(clientID: String, upstream: String, scopes: [String], codeChallenge: String, appNonce: String?, login: String,
-                step: ChallengeStep, dpopJKT: String?, startedAt: Date) {
+                step: ChallengeStep, dpopJKT: String?) {
         self.clientID = clientID
         self.upstream = upstream
         self.scopes = scopes
@@ -65,7 +64,6 @@ public struct ChallengeDialogue: Sendable, Codable, Equatable {
         self.dpopJKT = dpopJKT
         self.attempts = 0
         self.emails = 0
-        self.startedAt = startedAt
     }
 
     private static let sealPurpose = "gatehouse challenge-dialogue v1"
@@ -106,19 +104,6 @@ public enum InAppFailure: String, Sendable, CaseIterable {
         case .failedToSendEmail, .serverUnavailable: 503
         case .requestTimeout: 504
         case .authenticationFailure: 502
-        }
-    }
-
-    /// Whether the same step may simply be tried again.
-    public var canRetry: Bool { self != .authenticationFailure }
-
-    /// The failure an upstream's `OAuthError` stands for: unreachable, slow, rate limited, or unusable.
-    public static func upstream(_ error: OAuthError) -> InAppFailure {
-        switch error.status {
-        case 429: .tooManyRequests
-        case 504: .requestTimeout
-        case 503: .serverUnavailable
-        default: .authenticationFailure
         }
     }
 }

@@ -28,8 +28,7 @@ extension InAppSignIn {
         }
         logger.info("authorization challenge answered", metadata: [
             "status": .stringConvertible(answer.status),
-            "error": .string(answer.body["error"].map { if case .string(let code) = $0 { code } else { "" } } ?? "none"),
-            "failure": .string(answer.body["failure"].map { if case .string(let code) = $0 { code } else { "" } } ?? "none"),
+            "error": .string(answer.string("error") ?? "none"), "failure": .string(answer.string("failure") ?? "none"),
         ])
         return answer.response
     }
@@ -63,18 +62,9 @@ extension InAppSignIn {
         guard client.inAppSignIn == .on else {
             throw .unauthorizedClient("this app does not sign in in the app (in_app_sign_in is off): use /oauth/authorize")
         }
-        guard let responseType = form["response_type"] else { throw .invalidRequest("response_type is required") }
-        guard responseType == "code" else { throw .unsupportedResponseType("only response_type=code is supported") }
-        guard let challenge = form["code_challenge"] else { throw .invalidRequest("code_challenge is required (PKCE, RFC 7636)") }
-        guard form["code_challenge_method"] == PKCE.method else {
-            throw .invalidRequest("code_challenge_method is required and must be S256")
-        }
-        guard PKCE.isWellFormedChallenge(challenge) else { throw .invalidRequest("code_challenge must be 43 base64url characters (S256)") }
-        let scopes = form["scope"].map { $0.split(separator: " ").map(String.init) } ?? client.scopes
-        if let unknown = scopes.first(where: { !client.scopes.contains($0) }) {
-            throw .invalidScope("the scope '\(unknown.prefix(64))' is not allowed for this app")
-        }
-        if let nonce = form["nonce"], nonce.isEmpty || nonce.utf8.count > 512 { throw .invalidRequest("nonce must be 1 to 512 characters") }
+        // The authorization request's own checks, as at /oauth/authorize (no redirect_uri or state here).
+        try AuthorizationRequest.checkResponseType(form)
+        let grant = try AuthorizationRequest.checkGrant(form, client: client)
 
         guard let steps = upstream.inAppSignIn else {
             return try await redirectToWeb(form, client: client)
@@ -86,9 +76,9 @@ extension InAppSignIn {
         guard !login.isEmpty, login.utf8.count <= 254, !login.contains(where: \.isWhitespace) else {
             throw .invalidRequest("login_hint is required: the account's e-mail address or username (at most 254 bytes, no spaces)")
         }
-        var dialogue = ChallengeDialogue(clientID: client.clientID, upstream: client.upstream, scopes: scopes, codeChallenge: challenge,
-                                         appNonce: form["nonce"], login: login, step: .password, dpopJKT: input.proof?.thumbprint,
-                                         startedAt: now())
+        var dialogue = ChallengeDialogue(clientID: client.clientID, upstream: client.upstream, scopes: grant.scopes,
+                                         codeChallenge: grant.codeChallenge, appNonce: grant.nonce, login: login, step: .password,
+                                         dpopJKT: input.proof?.thumbprint)
         switch steps.firstStep {
         case .password:
             // Nothing is checked against the upstream yet: a known and an unknown account answer alike.
@@ -203,7 +193,7 @@ extension InAppSignIn {
                 return .failed(.tooManyRequests, session: nil, retryAfter: Self.pause, ended: true)
             }
             let result = await steps.secondFactor(token: token, otp: otp, clientAddress: input.resolvedAddress)
-            if case .refused(let refusal) = result, refusal != .wrongInput, !Self.ends(refusal) {
+            if Self.unjudged(result) {
                 try? await store.discountAttempt(purpose: Self.codePurpose, keyHash: accountKey(dialogue), now: now())
             }
             return try await outcome(result, dialogue: &dialogue, wrong: .invalidTOTPCode)
@@ -256,7 +246,7 @@ extension InAppSignIn {
         async throws(OAuthError) -> ChallengeAnswer
     {
         let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
-        if counted, case .refused(let refusal) = result, refusal != .wrongInput, !Self.ends(refusal) {
+        if counted, Self.unjudged(result) {
             // The upstream never judged the password (unreachable, slow, asking to wait): the attempt is given back.
             try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
         }
@@ -392,11 +382,12 @@ extension InAppSignIn {
     /// The wait answered when the account's e-mails for the hour are spent.
     static let mailPause = 600
 
-    /// Counts one attempt of `purpose` for the dialogue's account, in the store, within the failure window.
-    private func count(_ purpose: String, _ dialogue: ChallengeDialogue) async throws(OAuthError) -> Int {
+    /// Counts one attempt of `purpose` for the dialogue's account, in the store, within `window`
+    /// (the failure window unless said).
+    private func count(_ purpose: String, _ dialogue: ChallengeDialogue, window: Duration? = nil) async throws(OAuthError) -> Int {
         do {
-            return try await store.countAttempt(purpose: purpose, keyHash: accountKey(dialogue), expiresAt: expiry(after: settings.failureWindow),
-                                                now: now())
+            return try await store.countAttempt(purpose: purpose, keyHash: accountKey(dialogue),
+                                                expiresAt: expiry(after: window ?? settings.failureWindow), now: now())
         } catch {
             throw .serverError("Gatehouse cannot reach its store right now")
         }
@@ -405,12 +396,7 @@ extension InAppSignIn {
     /// Whether one more e-mail may go to the dialogue's account this hour (counted in the store,
     /// on every instance, whichever dialogue asks): no address can be flooded through Gatehouse.
     private func admitEmail(_ dialogue: ChallengeDialogue) async throws(OAuthError) -> Bool {
-        do {
-            return try await store.countAttempt(purpose: Self.mailPurpose, keyHash: accountKey(dialogue), expiresAt: expiry(after: .seconds(3600)),
-                                                now: now()) <= settings.emailsPerHour
-        } catch {
-            throw .serverError("Gatehouse cannot reach its store right now")
-        }
+        try await count(Self.mailPurpose, dialogue, window: .seconds(3600)) <= settings.emailsPerHour
     }
 
     /// The wait a per-dialogue limit answers with (too many wrong inputs, no more e-mails): a pause
@@ -443,10 +429,13 @@ extension InAppSignIn {
         return instance?.certification == nil
     }
 
-    /// Whether a refusal ends the dialogue (an unusable answer) rather than leaving the step to try again.
-    static func ends(_ refusal: InAppRefusal) -> Bool {
-        if case .unusable = refusal { return true }
-        return false
+    /// Whether the upstream refused a step without judging its input (unreachable, slow, asking
+    /// to wait): the step may be tried again, and the attempt counted for it is given back.
+    static func unjudged(_ result: InAppOutcome) -> Bool {
+        switch result {
+        case .refused(.unavailable), .refused(.timeout), .refused(.rateLimited): true
+        default: false
+        }
     }
 
     static func failure(of refusal: InAppRefusal) -> (InAppFailure, Int?) {

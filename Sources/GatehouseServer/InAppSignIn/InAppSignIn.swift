@@ -120,12 +120,16 @@ struct ChallengeAnswer {
         })
     }
 
+    /// A code's answer is plain JSON; every other is an OAuth error's, with its headers.
     var response: Response {
-        var response = Response.oauthJSON(JSONCoding.encode(body), status: .init(code: status))
-        if let retryAfter { response.headers[.retryAfter] = String(retryAfter) }
-        if status == 401 { response.headers[.wwwAuthenticate] = #"Basic realm="gatehouse""# }
-        if let dpopNonce { response.headers[HTTPField.Name("DPoP-Nonce")!] = dpopNonce }
-        return response
+        status == 200 ? .oauthJSON(JSONCoding.encode(body))
+            : .oauthError(JSONCoding.encode(body), status: status, retryAfter: retryAfter, dpopNonce: dpopNonce)
+    }
+
+    /// A string member of the body (for the log).
+    func string(_ name: String) -> String? {
+        if case .string(let text)? = body[name] { return text }
+        return nil
     }
 
     static func ask(_ step: ChallengeStep) -> String {

@@ -26,16 +26,23 @@ extension Response {
 
     /// An RFC 6749 §5.2 error body for the token endpoint.
     static func oauthError(_ error: OAuthError) -> Response {
-        let body = ["error": error.code, "error_description": error.detail]
-        var response = oauthJSON(JSONCoding.encode(body), status: .init(code: error.status))
-        if let retryAfter = error.retryAfter {
+        oauthError(JSONCoding.encode(["error": error.code, "error_description": error.detail]), status: error.status,
+                   retryAfter: error.retryAfter, dpopNonce: error.dpopNonce)
+    }
+
+    /// An OAuth error answer whose body says more than `error` and its description (the
+    /// authorization challenge endpoint's), with the headers every OAuth error carries:
+    /// `Retry-After` when there is a wait, the Basic challenge on a 401, the next DPoP nonce.
+    static func oauthError(_ body: Data, status: Int, retryAfter: Int?, dpopNonce: String?) -> Response {
+        var response = oauthJSON(body, status: .init(code: status))
+        if let retryAfter {
             response.headers[.retryAfter] = String(retryAfter)
         }
-        if error.status == 401 {
+        if status == 401 {
             response.headers[.wwwAuthenticate] = #"Basic realm="gatehouse""#
         }
-        if let nonce = error.dpopNonce {
-            response.headers[HTTPField.Name("DPoP-Nonce")!] = nonce
+        if let dpopNonce {
+            response.headers[HTTPField.Name("DPoP-Nonce")!] = dpopNonce
         }
         return response
     }

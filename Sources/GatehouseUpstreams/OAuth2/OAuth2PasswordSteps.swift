@@ -33,14 +33,20 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     func password(login: String, password: String, scopes: [String], clientAddress: String?) async -> InAppOutcome {
         var form = [("grant_type", "password"), ("username", login), ("password", password)]
         if !scopes.isEmpty { form.append(("scope", scopes.joined(separator: " "))) }
-        let outcome = await call(oauth2.tokenEndpoint, form, clientAddress: clientAddress, purpose: "password grant")
+        let outcome = await tokenCall(form, clientAddress: clientAddress, purpose: "password grant")
         guard case .secondFactor(let token) = outcome else { return outcome }
         // Auth0: an OTP challenge is asked for once, then the code is verified at the token
         // endpoint. Auth0 documents the challenge as optional for OTP authenticators: a refused
         // one is logged, and the code decides.
-        let challenge = await call(challengeEndpoint, [("mfa_token", token), ("challenge_type", "otp")], clientAddress: clientAddress,
-                                   purpose: "second-factor challenge")
-        if case .refused(let refusal) = challenge {
+        var refused: InAppRefusal?
+        do throws(InAppRefusal) {
+            let answer = try await send(challengeEndpoint, [("mfa_token", token), ("challenge_type", "otp")], clientAddress: clientAddress,
+                                        purpose: "second-factor challenge")
+            if answer.status != 200 { refused = Self.refusal(answer, auth0: auth0) }
+        } catch {
+            refused = error
+        }
+        if let refusal = refused {
             http.logger.notice("upstream second-factor challenge refused; the code is asked for anyway", metadata: [
                 "upstream": .string(http.settings.name), "refusal": .string(String(describing: refusal)),
             ])
@@ -49,8 +55,8 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     }
 
     func secondFactor(token: String, otp: String, clientAddress: String?) async -> InAppOutcome {
-        await call(oauth2.tokenEndpoint, [("grant_type", Self.mfaOTPGrant), ("mfa_token", token), ("otp", otp)],
-                   clientAddress: clientAddress, purpose: "second factor")
+        await tokenCall([("grant_type", Self.mfaOTPGrant), ("mfa_token", token), ("otp", otp)], clientAddress: clientAddress,
+                        purpose: "second factor")
     }
 
     /// Auth0 documents `/mfa/challenge` beside `/oauth/token` on the tenant's domain.
@@ -62,22 +68,32 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
         return parts.string ?? oauth2.tokenEndpoint
     }
 
+    /// An upstream's whole answer.
+    typealias Answer = (status: Int, headers: HTTPHeaders, body: Data)
+
     /// One call with Gatehouse's client credentials (and, to Auth0, `client_id` in the body as its
-    /// MFA endpoints document, and the user's address), read as an in-app outcome.
-    private func call(_ url: String, _ form: [(String, String)], clientAddress: String?, purpose: String) async -> InAppOutcome {
+    /// MFA endpoints document, and the user's address); a transport failure is thrown as a refusal.
+    private func send(_ url: String, _ form: [(String, String)], clientAddress: String?, purpose: String) async throws(InAppRefusal) -> Answer {
         var form = form
         if auth0, http.settings.clientAuthentication == .clientSecretBasic { form.append(("client_id", http.settings.clientID)) }
         var request = http.settings.authenticatedForm(url: url, form)
         if auth0, let clientAddress { request.headers.add(name: "auth0-forwarded-for", value: clientAddress) }
-        let answer: (status: Int, headers: HTTPHeaders, body: Data)
-        do {
-            answer = try await http.sendWithHeaders(request, endpoint: .token, purpose: purpose)
+        do throws(OAuthError) {
+            return try await http.sendWithHeaders(request, endpoint: .token, purpose: purpose)
         } catch {
-            return .refused(InAppRefusal(error))
+            throw InAppRefusal(error)
+        }
+    }
+
+    /// A token-endpoint call, read as an in-app outcome: tokens, Auth0's second factor, or a refusal.
+    private func tokenCall(_ form: [(String, String)], clientAddress: String?, purpose: String) async -> InAppOutcome {
+        let answer: Answer
+        do throws(InAppRefusal) {
+            answer = try await send(oauth2.tokenEndpoint, form, clientAddress: clientAddress, purpose: purpose)
+        } catch {
+            return .refused(error)
         }
         if answer.status == 200 {
-            // The challenge's answer: only a refusal of it matters.
-            if url != oauth2.tokenEndpoint { return .signedIn(UpstreamGrant(tokens: nil)) }
             do throws(OAuthError) {
                 return .signedIn(UpstreamGrant(tokens: try UpstreamTokenResponse(body: answer.body)))
             } catch {
@@ -89,7 +105,7 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
            let token = object?["mfa_token"] as? String, !token.isEmpty {
             return .secondFactor(token: token)
         }
-        let refusal = Self.refusal(status: answer.status, headers: answer.headers, body: answer.body, auth0: auth0)
+        let refusal = Self.refusal(answer, auth0: auth0)
         if case .unusable(let detail) = refusal {
             http.logger.warning("upstream \(purpose) refused", metadata: [
                 "upstream": .string(http.settings.name), "status": .stringConvertible(answer.status), "reason": .string(detail),
@@ -101,16 +117,16 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     /// An upstream's refusal: `invalid_grant` (RFC 6749 §5.2; Auth0 answers it with 403) is a
     /// wrong password or code, and so is Auth0's `unauthorized` for a blocked user (told apart, it
     /// would say which accounts exist); 429 a request to slow down; 5xx an unavailable upstream.
-    static func refusal(status: Int, headers: HTTPHeaders, body: Data, auth0: Bool = false) -> InAppRefusal {
-        if status == 429 {
+    static func refusal(_ answer: Answer, auth0: Bool) -> InAppRefusal {
+        if answer.status == 429 {
             // Read as every 429 of an upstream is (delay-seconds or an HTTP-date, 1 s to 5 min).
-            let wait = UpstreamBackoff.wait(retryAfter: headers.first(name: "Retry-After"), now: Date())
+            let wait = UpstreamBackoff.wait(retryAfter: answer.headers.first(name: "Retry-After"), now: Date())
             return .rateLimited(retryAfter: UpstreamBackoff.wholeSeconds(wait))
         }
-        if status >= 500 { return status == 504 ? .timeout : .unavailable }
-        let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any]
-        guard let code = object?["error"] as? String else { return .unusable("HTTP \(status) without an OAuth error") }
+        if answer.status >= 500 { return answer.status == 504 ? .timeout : .unavailable }
+        let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
+        guard let code = object?["error"] as? String else { return .unusable("HTTP \(answer.status) without an OAuth error") }
         if code == "invalid_grant" || (auth0 && code == "unauthorized") { return .wrongInput }
-        return .unusable("HTTP \(status) \(code.prefix(64))")
+        return .unusable("HTTP \(answer.status) \(code.prefix(64))")
     }
 }
