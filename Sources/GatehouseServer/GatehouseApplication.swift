@@ -272,7 +272,7 @@ public enum GatehouseApplication {
     static func fastRelayPlanner(for gatehouse: Gatehouse) -> FastRelayPlanner? {
         gatehouse.relay.map { relay in
             FastRelayPlanner(configuration: gatehouse.configuration, relay: relay, sessions: gatehouse.sessions, limits: gatehouse.limits,
-                             tracingEnabled: gatehouse.configuration.operations.tracing != nil, logger: gatehouse.logger)
+                             dpop: gatehouse.dpop, tracingEnabled: gatehouse.configuration.operations.tracing != nil, logger: gatehouse.logger)
         }
     }
 

@@ -1,9 +1,10 @@
 """DPoP-bound tokens (RFC 9449) end to end: proofs built with PyJWT + cryptography
 (Tests/Support/dpop.py), never with Gatehouse's code. Token requests with a proof get `ghd_`
-tokens of type DPoP; the relay (general path: a bound token never takes the fast path),
-/userinfo and refreshes then need a fresh proof by the same key; every check of RFC 9449 §4.3
-fails on its own; replays are refused by the in-memory cache and by the store (across instances here,
-across a restart in test_guarantees.py)."""
+tokens of type DPoP; the relay (on both paths: a warm bound token takes the fast path, which
+checks its proof on the event loop and writes the proof's jti to the store before the backend is
+asked), /userinfo and refreshes then need a fresh proof by the same key; every check of RFC 9449
+§4.3 fails on its own; replays are refused by the in-memory cache and by the store, on both relay
+paths (across instances and a restart here, a restart of the token endpoint in test_guarantees.py)."""
 
 import os
 import secrets
@@ -16,6 +17,7 @@ import requests
 from dpop import Key
 from gatelog import served_by
 from nativeapp import APP_REDIRECT, App
+from tokenproxy import stop
 from trusted import trusted_gatehouse
 
 OPTIONAL = "com.example.dpop"
@@ -83,13 +85,15 @@ def test_a_token_request_with_a_proof_gets_bound_tokens_the_relay_accepts_with_a
     key = Key()
     _, pair = bound_sign_in(gatehouse, seen, key)
     assert pair["token_type"] == "DPoP" and pair["access_token"].startswith("ghd_")
-    for _ in range(3):  # a bound token never takes the fast path, however warm its session
+    paths = []
+    for _ in range(3):  # the first call warms the session and identity caches; the next take the fast path
         answer = call(gatehouse, key, pair["access_token"])
         assert answer.status_code == 200, answer.text
-        assert served_by(gatehouse, answer) == "general"
+        paths.append(served_by(gatehouse, answer))
         received = answer.json()["headers"]
         assert "dpop" not in received  # the proof is Gatehouse's to spend
         assert not received["authorization"].startswith("Bearer ghd_")  # the backend gets the upstream token
+    assert paths == ["general", "fast", "fast"], paths
     metadata = requests.get(gatehouse["url"] + "/.well-known/oauth-authorization-server", timeout=10).json()
     assert "ES256" in metadata["dpop_signing_alg_values_supported"]
 
@@ -183,6 +187,49 @@ def test_a_replayed_proof_is_refused(gatehouse, seen):
     assert first.status_code == 200
     again = call(gatehouse, None, pair["access_token"], proof=proof)
     assert again.status_code == 401 and "used before" in again.json()["detail"]
+
+
+def warm(gatehouse, key, token):
+    """A first call by the general path fills the caches the fast path reads; the next one takes it."""
+    assert call(gatehouse, key, token).status_code == 200
+    answer = call(gatehouse, key, token)
+    assert answer.status_code == 200 and served_by(gatehouse, answer) == "fast", answer.text
+
+
+def test_a_replayed_proof_is_refused_on_the_fast_path_too(gatehouse, seen):
+    key = Key()
+    _, pair = bound_sign_in(gatehouse, seen, key)
+    warm(gatehouse, key, pair["access_token"])
+    mark = gatehouse["backend"].mark()
+    proof = key.proof("GET", gatehouse["url"] + "/api/dpop/x", access_token=pair["access_token"])
+    first = call(gatehouse, None, pair["access_token"], proof=proof)
+    assert first.status_code == 200 and served_by(gatehouse, first) == "fast"
+    again = call(gatehouse, None, pair["access_token"], proof=proof)
+    assert again.status_code == 401 and "used before" in again.json()["detail"], again.text
+    assert 'error="invalid_dpop_proof"' in challenge(again) and again.headers.get("DPoP-Nonce")
+    assert len(gatehouse["backend"].request_lines_since(mark)) == 1, "the replay never reached the backend"
+
+
+@pytest.mark.parametrize("case", ["wrong htm", "wrong htu", "wrong ath", "other key", "no proof", "bearer scheme"])
+def test_a_warm_bound_token_with_a_bad_proof_is_refused_as_on_the_general_path(gatehouse, seen, case):
+    key = Key()
+    _, pair = bound_sign_in(gatehouse, seen, key)
+    token, url = pair["access_token"], gatehouse["url"] + "/api/dpop/x"
+    warm(gatehouse, key, token)
+    mark = gatehouse["backend"].mark()
+    proofs = {"wrong htm": key.proof("POST", url, access_token=token),
+              "wrong htu": key.proof("GET", gatehouse["url"] + "/api/dpop/y", access_token=token),
+              "wrong ath": key.proof("GET", url, access_token=token + "x"),
+              "other key": Key().proof("GET", url, access_token=token)}
+    if case == "no proof":
+        response = requests.get(url, headers={"Authorization": f"DPoP {token}"}, timeout=10)
+    elif case == "bearer scheme":
+        response = call(gatehouse, key, token, scheme="Bearer")
+    else:
+        response = call(gatehouse, None, token, proof=proofs[case])
+    assert response.status_code == 401, response.text
+    assert challenge(response).startswith("DPoP ")
+    assert gatehouse["backend"].request_lines_since(mark) == []
 
 
 def test_a_bound_token_is_no_bearer_token_and_a_bearer_token_no_dpop_one(gatehouse, seen):
@@ -330,6 +377,20 @@ def test_a_proof_spent_on_one_instance_is_refused_by_another(shared_store, seen)
     assert requests.get(url, headers=headers, timeout=10).status_code == 200
     replayed = requests.get(other["url"] + "/api/dpop/x", headers=headers, timeout=10)
     assert replayed.status_code == 401 and "used before" in replayed.json()["detail"]
+    # The same on the fast path: both instances warm, a proof spent on one is refused by the
+    # other's fast path, which finds it in the store before the backend is asked.
+    warm(shared_store, key, pair["access_token"])
+    assert requests.get(other["url"] + "/api/dpop/x", timeout=10, headers={
+        "Authorization": f"DPoP {pair['access_token']}", "DPoP": key.proof("GET", url, access_token=pair["access_token"])}).status_code == 200
+    mark = shared_store["backend"].mark()
+    headers = {"Authorization": f"DPoP {pair['access_token']}", "DPoP": key.proof("GET", url, access_token=pair["access_token"])}
+    first = requests.get(url, headers=headers, timeout=10)
+    assert first.status_code == 200 and served_by(shared_store, first) == "fast"
+    replayed = requests.get(other["url"] + "/api/dpop/x", headers=headers, timeout=10)
+    assert replayed.status_code == 401 and "used before" in replayed.json()["detail"], replayed.text
+    assert served_by(other, replayed) == "fast", "refused by the fast path's own store check"
+    assert 'error="invalid_dpop_proof"' in challenge(replayed) and replayed.headers.get("DPoP-Nonce")
+    assert len(shared_store["backend"].request_lines_since(mark)) == 1
     # A fresh proof works on the other instance: the session and its key are shared too.
     fresh = requests.get(other["url"] + "/api/dpop/x", timeout=10, headers={
         "Authorization": f"DPoP {pair['access_token']}", "DPoP": key.proof("GET", url, access_token=pair["access_token"])})
@@ -353,3 +414,23 @@ def test_a_saturated_memory_cache_falls_back_to_the_store(workdir, seen):
                                timeout=10).status_code == 200
         replayed = session.get(url, headers={**headers, "DPoP": first}, timeout=10)
         assert replayed.status_code == 401 and "used before" in replayed.json()["detail"]
+        assert served_by(gatehouse, replayed) == "fast", "the fast path asked the store"
+
+
+def test_a_proof_spent_on_the_fast_path_is_refused_after_a_restart(workdir, seen):
+    with trusted_gatehouse(workdir, seen, "dpop-fast-restart", client(OPTIONAL, "optional"), ROUTES) as gatehouse:
+        key = Key()
+        _, pair = bound_sign_in(gatehouse, seen, key)
+        token, url = pair["access_token"], gatehouse["url"] + "/api/dpop/x"
+        warm(gatehouse, key, token)
+        proof = key.proof("GET", url, access_token=token)
+        first = call(gatehouse, None, token, proof=proof)
+        assert first.status_code == 200 and served_by(gatehouse, first) == "fast"
+        stop(gatehouse["process"])
+        with gatehouse["relaunch"]("again") as again:
+            warm(again, key, token)
+            mark = gatehouse["backend"].mark()
+            replayed = call(gatehouse, None, token, proof=proof)
+            assert replayed.status_code == 401 and "used before" in replayed.json()["detail"], replayed.text
+            assert served_by(again, replayed) == "fast"
+            assert gatehouse["backend"].request_lines_since(mark) == []

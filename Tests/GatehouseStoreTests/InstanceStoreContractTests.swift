@@ -94,6 +94,53 @@ struct InstanceStoreContractTests {
         }
     }
 
+    /// The group commit's statement: each key inserted once, a live key left out (a replay), an
+    /// expired one replaced, another kind apart; and batches racing over the same keys (two
+    /// instances) insert each key exactly once between them.
+    @Test(arguments: StoreKind.available)
+    func manyKeysAreInsertedOnceInOneStatement(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            let now = Date()
+            let live = now.addingTimeInterval(60)
+            #expect(try await store.insertOnce(kind: "jti", keyHash: "seen", value: Data(), expiresAt: live, now: now))
+            #expect(try await store.insertOnce(kind: "jti", keyHash: "old", value: Data(), expiresAt: now.addingTimeInterval(1), now: now))
+            #expect(try await store.insertOnce(kind: "other", keyHash: "a", value: Data(), expiresAt: live, now: now))
+            let entries = ["a", "b", "seen", "old"].map { SingleUseEntry(keyHash: $0, expiresAt: live) }
+            #expect(try await store.insertEachOnce(kind: "jti", entries: entries, now: now.addingTimeInterval(2)) == ["a", "b", "old"])
+            #expect(try await store.insertEachOnce(kind: "jti", entries: entries, now: now.addingTimeInterval(2)) == [])
+            #expect(try await store.insertEachOnce(kind: "jti", entries: [], now: now) == [])
+            #expect(try await store.insertOnce(kind: "jti", keyHash: "b", value: Data(), expiresAt: live, now: now) == false)
+            let keys = (0..<300).map { SingleUseEntry(keyHash: "race-\($0)", expiresAt: live) }
+            let inserted = try await withThrowingTaskGroup(of: Set<String>.self) { group in
+                for round in 0..<6 {
+                    group.addTask { try await store.insertEachOnce(kind: "jti", entries: round % 2 == 0 ? keys : keys.reversed(), now: now) }
+                }
+                return try await group.reduce(into: [String]()) { $0 += $1 }
+            }
+            #expect(inserted.count == 300 && Set(inserted).count == 300)
+        }
+    }
+
+    /// Keys spent at the same time share statements, and each caller learns its own answer.
+    @Test(arguments: StoreKind.available)
+    func theGroupCommitAnswersEachKeyAsItsOwnInsertWould(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            let commit = SingleUseGroupCommit(store: store, kind: "dpop_jti", now: Date.init)
+            let live = Date().addingTimeInterval(60)
+            let answers = try await withThrowingTaskGroup(of: (String, Bool).self) { group in
+                for index in 0..<400 {
+                    let key = "k\(index % 200)"  // each key twice
+                    group.addTask { (key, try await commit.insertOnce(keyHash: key, expiresAt: live)) }
+                }
+                return try await group.reduce(into: [String: [Bool]]()) { $0[$1.0, default: []].append($1.1) }
+            }
+            #expect(answers.count == 200)
+            #expect(answers.values.allSatisfy { $0.count == 2 && $0.filter { $0 }.count == 1 }, "each key new exactly once")
+            #expect(try await commit.insertOnce(keyHash: "k1", expiresAt: live) == false)
+            #expect(try await commit.insertOnce(keyHash: "fresh", expiresAt: live))
+        }
+    }
+
     @Test(arguments: StoreKind.available)
     func attemptCountersCountEveryRacerWithinTheirWindow(kind: StoreKind) async throws {
         try await withStore(kind) { store in

@@ -10,4 +10,30 @@ public protocol SingleUseStore: Sendable {
     func insertOnce(kind: String, keyHash: String, value: Data, expiresAt: Date, now: Date) async throws -> Bool
     /// Deletes and returns the live row; `nil` when unknown, used or expired.
     func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data?
+    /// `insertOnce` for many keys of one kind with empty values, in one statement (the group
+    /// commit of DPoP proof ids): the key hashes inserted; a key left out was a replay. Keys
+    /// are distinct.
+    func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String>
+}
+
+/// One key of `SingleUseStore.insertEachOnce`.
+public struct SingleUseEntry: Sendable, Equatable {
+    public let keyHash: String
+    public let expiresAt: Date
+
+    public init(keyHash: String, expiresAt: Date) {
+        self.keyHash = keyHash
+        self.expiresAt = expiresAt
+    }
+}
+
+extension SingleUseStore {
+    /// One `insertOnce` per key, for stores without a statement of their own.
+    public func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String> {
+        var inserted: Set<String> = []
+        for entry in entries where try await insertOnce(kind: kind, keyHash: entry.keyHash, value: Data(), expiresAt: entry.expiresAt, now: now) {
+            inserted.insert(entry.keyHash)
+        }
+        return inserted
+    }
 }

@@ -16,20 +16,21 @@ struct DPoPEnforcement: Sendable {
     let settings: DPoPSettings
     /// `server.public_base_url`: a proof's `htu` is it plus the endpoint's path.
     let issuer: String
-    let store: any SingleUseStore
     let now: @Sendable () -> Date
     /// Proof ids seen lately (RFC 9449 §11.1); the store keeps them for the other instances.
     let replays: DPoPReplayCache
     /// Server nonces, the same on every instance sharing the session key ring.
     let nonces: DPoPNonces
+    /// Writes the proof ids to the store, many in one statement under load.
+    let proofIDs: SingleUseGroupCommit
 
     init(configuration: GatehouseConfiguration, store: any SingleUseStore, now: @escaping @Sendable () -> Date,
          previous: DPoPEnforcement?) {
         settings = configuration.dpop
         issuer = configuration.server.publicBaseURL
-        self.store = store
         self.now = now
         replays = previous?.replays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
+        proofIDs = previous?.proofIDs ?? SingleUseGroupCommit(store: store, kind: "dpop_jti", now: now)
         let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
             .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
         nonces = previous?.nonces ?? DPoPNonces(key: nonceKey, lifetime: settings.proofLifetime.inSeconds * 2)
@@ -44,7 +45,7 @@ struct DPoPEnforcement: Sendable {
         guard values.count == 1 else { throw .invalidDPoPProof("a request carries at most one DPoP header") }
         let proof: VerifiedDPoPProof
         do {
-            proof = try verify(values[0], of: request, url: issuer + endpoint, accessToken: nil)
+            proof = try verify(values[0], method: request.method.rawValue, url: issuer + endpoint, accessToken: nil)
         } catch {
             if error.useNonce { throw .useDPoPNonce(nonce: self.nonces.current(now: now())) }
             throw .invalidDPoPProof(error.description)
@@ -58,25 +59,53 @@ struct DPoPEnforcement: Sendable {
 
     enum ProofUse { case fresh, replayed, unavailable }
 
+    /// A proof's first use, seen in memory, still to be written to the store (`record`).
+    struct ProofSpend: Sendable {
+        let keyHash: String
+        let expiresAt: Date
+    }
+
     /// Spends a proof's `jti` (per key). The in-memory cache answers a replay to this instance
     /// without the store; every first use is then written to the store, on SQLite as on
     /// PostgreSQL, so that a proof used once is refused after a restart (the memory is gone) and
     /// by every other instance. A store that cannot be reached refuses the proof (503), never
     /// accepts it unrecorded.
     func spend(_ proof: VerifiedDPoPProof) async -> ProofUse {
+        guard let spend = remember(proof) else { return .replayed }
+        return await record(spend)
+    }
+
+    /// The in-memory half of `spend`, synchronous (the relay's fast path calls it on the event
+    /// loop): `nil` for a proof id this instance has seen, else what `record` must write.
+    func remember(_ proof: VerifiedDPoPProof) -> ProofSpend? {
         let lifetime = settings.proofLifetime.inSeconds
         // A proof is accepted while its iat is within the lifetime either way: remember its jti that long, and more.
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
         let key = proof.thumbprint + ":" + proof.jti
         let now = self.now()
-        guard replays.firstUse(key, until: until, now: now) else { return .replayed }
+        guard replays.firstUse(key, until: until, now: now) else { return nil }
+        return ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1)))
+    }
+
+    /// The store's half of `spend`: `.fresh` only once the proof id is written and was new
+    /// (proof ids spent at the same time share one statement: `SingleUseGroupCommit`).
+    func record(_ spend: ProofSpend) async -> ProofUse {
         do {
-            let stored = try await store.insertOnce(kind: "dpop_jti", keyHash: SecureToken.hash(key), value: Data(),
-                                                    expiresAt: max(until, now.addingTimeInterval(1)), now: now)
-            return stored ? .fresh : .replayed
+            return try await proofIDs.insertOnce(keyHash: spend.keyHash, expiresAt: spend.expiresAt) ? .fresh : .replayed
         } catch {
             return .unavailable
         }
+    }
+
+    /// The proof of a request with a DPoP-bound token, checked on the relay's fast path (no
+    /// await: `DPoPProof.verify` and the key binding; the `jti` is left to `remember` and
+    /// `record`): `nil` whenever anything is off, and the general path then answers with its
+    /// precise refusal (`refusingBoundToken`).
+    func fastPathProof(_ values: [String], method: String, path: String, token: String, boundThumbprint: String?) -> VerifiedDPoPProof? {
+        guard values.count == 1, let boundThumbprint,
+              let proof = try? verify(values[0], method: method, url: issuer + path, accessToken: token),
+              proof.thumbprint == boundThumbprint else { return nil }
+        return proof
     }
 
     /// Why a request with a DPoP-bound token (`ghd_…`) is refused, or `nil` when its proof is good:
@@ -95,7 +124,7 @@ struct DPoPEnforcement: Sendable {
         }
         let proof: VerifiedDPoPProof
         do {
-            proof = try verify(values[0], of: request, url: issuer + request.uri.path, accessToken: token)
+            proof = try verify(values[0], method: request.method.rawValue, url: issuer + request.uri.path, accessToken: token)
         } catch {
             if error.useNonce {
                 return refusal(request, error: "use_dpop_nonce", detail: "The DPoP proof must carry the nonce of the DPoP-Nonce header.")
@@ -107,24 +136,31 @@ struct DPoPEnforcement: Sendable {
         }
         switch await spend(proof) {
         case .fresh: return nil
-        case .replayed: return refusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof was used before (its jti).")
+        case .replayed: return refusal(request, error: "invalid_dpop_proof", detail: Self.replayedDetail)
         case .unavailable: return .unavailable(.identityUnavailable(), for: request, retryAfter: 1)
         }
     }
 
     /// A proof checked as every proof here is: for this method and URL (and access token, when one
     /// is bound), within `dpop.proof_lifetime`, with the server nonce when `dpop.require_nonce`.
-    private func verify(_ proof: String, of request: Request, url: String, accessToken: String?) throws(DPoPProofError) -> VerifiedDPoPProof {
-        try DPoPProof.verify(proof, method: request.method.rawValue, url: url, accessToken: accessToken, now: now(),
+    private func verify(_ proof: String, method: String, url: String, accessToken: String?) throws(DPoPProofError) -> VerifiedDPoPProof {
+        try DPoPProof.verify(proof, method: method, url: url, accessToken: accessToken, now: now(),
                              lifetime: settings.proofLifetime.inSeconds, nonces: settings.requireNonce ? nonces : nil)
     }
+
+    static let replayedDetail = "The DPoP proof was used before (its jti)."
 
     /// 401 with `WWW-Authenticate: DPoP` (RFC 9449 §7.1), a fresh nonce, and a problem body.
     func refusal(_ request: Request, error: String, detail: String) -> Response {
         var response = Response.problem(.invalidToken(detail), for: request)
-        response.headers[.wwwAuthenticate] =
-            #"DPoP error="\#(error)", error_description="\#(detail)", algs="\#(DPoPProof.algorithms.joined(separator: " "))""#
-        response.headers[Self.nonceHeader] = nonces.current(now: now())
+        for (name, value) in challenge(error: error, detail: detail) { response.headers[HTTPField.Name(name)!] = value }
         return response
+    }
+
+    /// The headers of a refusal: `WWW-Authenticate: DPoP` with the error, and a fresh nonce
+    /// (also written by the relay's fast path, which answers without Hummingbird).
+    func challenge(error: String, detail: String) -> [(String, String)] {
+        [("WWW-Authenticate", #"DPoP error="\#(error)", error_description="\#(detail)", algs="\#(DPoPProof.algorithms.joined(separator: " "))""#),
+         ("DPoP-Nonce", nonces.current(now: now()))]
     }
 }

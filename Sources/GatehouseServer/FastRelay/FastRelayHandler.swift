@@ -157,6 +157,10 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .plan(let head):
             let plan = planner.plan(head, remoteAddress: remoteAddress, memo: &memo)
             perform(machine.planned(plan, for: head), context: context)
+        case .admit(let proof, let target, let exchange):
+            timer?.arm(in: target.timeout)
+            machine.admissionStarted(at: NIODeadline.now())
+            admit(proof, exchange: exchange, context: context)
         case .startExchange(let target, let idleAtMost):
             let now = NIODeadline.now()
             timer?.arm(in: target.timeout)
@@ -197,11 +201,12 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             if resumeReading { backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
             backend.handler.release(reusable: reusable)
             complete(completion, context: context)
-        case .answerProblem(let problem, let completion, let closing):
+        case .answerProblem(let problem, let completion, let closing, let headers):
             closing?.handler.release(reusable: false)
             timer?.disarm()
             let plan = completion.exchange.plan
-            let (head, body) = ProblemBody.responseParts(problem, instance: plan.path, requestID: plan.requestID)
+            var (head, body) = ProblemBody.responseParts(problem, instance: plan.path, requestID: plan.requestID)
+            head.headers.add(contentsOf: headers)
             context.write(wrapOutboundOut(.head(head)), promise: nil)
             if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
             writeEnd(reportingWritten: completion.reportsEndWritten, context: context)
@@ -219,6 +224,25 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .stop(let closing):
             timer?.stop()
             closing?.handler.release(reusable: false)
+        }
+    }
+
+    /// Writes the first use of a DPoP proof to the store (the replay protection every instance
+    /// and a restart share), then lets the exchange start, or answers as the general path would.
+    private func admit(_ proof: FastProofRecord, exchange: Int, context: ChannelHandlerContext) {
+        let dpop = proof.dpop
+        context.eventLoop.makeFutureWithTask { await dpop.record(proof.spend) }.assumeIsolated().whenSuccess { [weak self] use in
+            guard let self, let context = self.context else { return }
+            switch use {
+            case .fresh:
+                self.perform(self.machine.admitted(exchange: exchange), context: context)
+            case .replayed:
+                self.perform(self.machine.refused(.invalidToken(DPoPEnforcement.replayedDetail),
+                                                  headers: dpop.challenge(error: "invalid_dpop_proof", detail: DPoPEnforcement.replayedDetail),
+                                                  exchange: exchange), context: context)
+            case .unavailable:
+                self.perform(self.machine.refused(.identityUnavailable(), headers: [("Retry-After", "1")], exchange: exchange), context: context)
+            }
         }
     }
 

@@ -65,6 +65,9 @@ struct FastRelayPlan {
     let bodyLength: Int
     /// The app's path, for logs and the `instance` of problems.
     let path: String
+    /// A DPoP-bound token's proof, new to this instance: its `jti` is written to the store, and
+    /// found new there, before the request reaches the backend (`nil` for other tokens).
+    var proofRecord: FastProofRecord? = nil
 
     /// Sent again on a fresh connection when a pooled one turns out closed (RFC 9110 §9.2.2):
     /// a POST or PATCH is never sent twice.
@@ -74,6 +77,13 @@ struct FastRelayPlan {
         default: false
         }
     }
+}
+
+/// The first use of a proof, to be written to the store by the `DPoPEnforcement` that checked
+/// it (the plan carries it: a reload may swap the planner while the exchange waits).
+struct FastProofRecord: Sendable {
+    let spend: DPoPEnforcement.ProofSpend
+    let dpop: DPoPEnforcement
 }
 
 /// Decides, synchronously and on the event loop, whether a request takes the fast path. The
@@ -92,17 +102,20 @@ final class FastRelayPlanner: Sendable {
     let relay: RelayServices
     let sessions: SessionServices?
     let limits: RateLimiters?
+    /// Checks the proofs of DPoP-bound tokens; `nil`: such tokens go the general way.
+    let dpop: DPoPEnforcement?
     let tracingEnabled: Bool
     let logger: Logger
     /// By position in `configuration.routes`; `nil` for a route the fast path never takes.
     private let routes: [FastRoute?]
 
     init(configuration: GatehouseConfiguration, relay: RelayServices, sessions: SessionServices?, limits: RateLimiters? = nil,
-         tracingEnabled: Bool = false, logger: Logger) {
+         dpop: DPoPEnforcement? = nil, tracingEnabled: Bool = false, logger: Logger) {
         self.configuration = configuration
         self.relay = relay
         self.sessions = sessions
         self.limits = limits
+        self.dpop = dpop
         self.tracingEnabled = tracingEnabled
         self.logger = logger
         self.routes = configuration.routes.map { FastRoute(route: $0, relay: relay, configuration: configuration) }
@@ -127,14 +140,23 @@ final class FastRelayPlanner: Sendable {
         }
         var token = admission.bearer
         var sealed = false
-        // DPoP-bound tokens (a proof to check and spend) and web-session cookies (CSRF) go the general way.
-        guard admission.scheme == .bearer, !token.hasPrefix(SessionServices.boundAccessPrefix),
-              !token.hasPrefix(SessionServices.cookiePrefix) else { return nil }
-        if token.hasPrefix(SessionServices.accessPrefix) {
+        var proof: VerifiedDPoPProof?
+        // Web-session cookies (CSRF) go the general way; so does any token in the wrong scheme,
+        // which the general path refuses with its precise answer.
+        let bound = token.hasPrefix(SessionServices.boundAccessPrefix)
+        guard admission.scheme == (bound ? .dpop : .bearer), !token.hasPrefix(SessionServices.cookiePrefix) else { return nil }
+        if token.hasPrefix(SessionServices.accessPrefix) || bound {
             // Only a session opened moments ago by the general path, and not due for refresh.
             let now = Date()
             guard let sessions, let view = SealedMemo.view(of: token, in: sessions.views, now: now, memo: &memo.sealed),
                   view.upstream == route.upstream, !sessions.needsRefresh(view, now: now) else { return nil }
+            if bound {
+                // The proof: for this method and URI, this token, the session's key, fresh, with
+                // the nonce when required. Its jti is spent last, once the request is sure to go.
+                guard let dpop, let checked = dpop.fastPathProof(head.dpop, method: request.method.rawValue, path: path, token: token,
+                                                                 boundThumbprint: view.dpopJKT) else { return nil }
+                proof = checked
+            }
             token = view.tokens.accessToken.reveal()
             // It goes into a header the fast path writes without NIO's validation.
             guard RelayAdmission.isHeaderSafeToken(token) else { return nil }
@@ -150,6 +172,12 @@ final class FastRelayPlanner: Sendable {
         // Last: a token is taken only for a request the fast path will carry. Over the limit, the
         // general path takes again, is refused too, and answers (and counts) the 429.
         if let limits, limits.take(.relay_subject, key: RateLimiters.relaySubjectKey(identity, token: token), recording: false) != nil { return nil }
+        // And the proof's jti after it: a proof this instance has seen goes the general way, which refuses it.
+        var proofRecord: FastProofRecord?
+        if let proof, let dpop {
+            guard let spend = dpop.remember(proof) else { return nil }
+            proofRecord = FastProofRecord(spend: spend, dpop: dpop)
+        }
 
         let requestID = RequestIDGenerator.shared.next()
         let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
@@ -163,7 +191,7 @@ final class FastRelayPlanner: Sendable {
         }
         let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
         return FastRelayPlan(target: fast, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
-                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path)
+                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path, proofRecord: proofRecord)
     }
 
     /// A body on GET, HEAD or OPTIONS goes the general way: backends that ignore such a body
@@ -252,11 +280,14 @@ struct NIORelayHead: RelayRequestHead {
     private(set) var connection: [String] = []
     /// The first `X-Request-Id`, for the log line's `client_request_id`.
     private(set) var requestID: String?
+    /// The `DPoP` proofs (RFC 9449 §4.1), for a bound token.
+    private(set) var dpop: [String] = []
 
     init(head: HTTPRequestHead) {
         self.head = head
         for (name, value) in head.headers {
             switch name.utf8.count {
+            case 4 where RelayHeaderPolicy.isNamed(name, "dpop"): dpop.append(value)
             case 6 where RelayHeaderPolicy.isNamed(name, "expect"): expect.append(value)
             case 10 where RelayHeaderPolicy.isNamed(name, "connection"): connection.append(value)
             case 12 where requestID == nil && RelayHeaderPolicy.isNamed(name, "x-request-id"): requestID = value

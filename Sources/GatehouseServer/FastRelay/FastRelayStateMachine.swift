@@ -96,6 +96,9 @@ struct FastRelayStateMachine<Backend> {
         case passOn(HTTPServerRequestPart)
         /// Ask the planner about this head, and report its answer with `planned(_:for:)`.
         case plan(HTTPRequestHead)
+        /// Arm the route's timer, report the time (`admissionStarted(at:)`) and write the first use of the request's DPoP proof to the store;
+        /// report with `admitted(exchange:)` or `refused(_:headers:exchange:)`.
+        case admit(FastProofRecord, FastRoute, exchange: Int)
         /// Arm the route's timer, take an idle backend connection used at most `idleAtMost` ago
         /// if the pool has one, and report with `exchangeStarted(at:idle:)`.
         case startExchange(FastRoute, idleAtMost: TimeAmount)
@@ -116,8 +119,9 @@ struct FastRelayStateMachine<Backend> {
         /// Disarm the timer and write the answer's end; turn reading the backend back on when
         /// `resumeReading`; give the connection back (`reusable`) or close it; then count.
         case endAnswer(Completion, backend: Backend, reusable: Bool, resumeReading: Bool)
-        /// Close `closing` if set, disarm the timer, answer the problem in full; then count.
-        case answerProblem(GatehouseProblem, Completion, closing: Backend?)
+        /// Close `closing` if set, disarm the timer, answer the problem in full (with `headers`
+        /// besides its own); then count.
+        case answerProblem(GatehouseProblem, Completion, closing: Backend?, headers: [(String, String)])
         /// The answer has begun and cannot be completed: close `closing` if set, disarm the
         /// timer, count the exchange, and close the app's connection.
         case breakOff(Exchange, status: UInt, closing: Backend?)
@@ -252,6 +256,31 @@ struct FastRelayStateMachine<Backend> {
         var app = app
         app.lastExchangeID &+= 1
         state = .connecting(Exchange(plan: plan, body: body, id: app.lastExchangeID, swallowsEnd: swallowsEnd), app)
+        if let proof = plan.proofRecord { return .admit(proof, plan.target, exchange: app.lastExchangeID) }
+        return startExchange(plan)
+    }
+
+    /// The exchange waiting for its admission began at `now` (its duration counts the wait).
+    mutating func admissionStarted(at now: NIODeadline) {
+        guard case .connecting(var exchange, let app) = state else { return }
+        state = .modifying
+        exchange.started = now
+        state = .connecting(exchange, app)
+    }
+
+    /// The store has the first use of exchange `id`'s proof: the exchange may start.
+    mutating func admitted(exchange id: Int) -> Action {
+        guard case .connecting(let exchange, _) = state, exchange.id == id else { return .none }
+        return startExchange(exchange.plan)
+    }
+
+    /// Exchange `id` may not start: its proof was used before, or the store cannot say.
+    mutating func refused(_ problem: GatehouseProblem, headers: [(String, String)], exchange id: Int) -> Action {
+        guard case .connecting(let exchange, _) = state, exchange.id == id else { return .none }
+        return answerProblem(problem, closing: nil, headers: headers)
+    }
+
+    private func startExchange(_ plan: FastRelayPlan) -> Action {
         // A request that is never sent twice takes only a connection used moments ago: a
         // backend closing an idle connection is a race it must not lose.
         let idleAtMost = plan.isIdempotent ? BackendConnectionPool.idleTimeout : BackendConnectionPool.freshForUnsafeMethods
@@ -284,7 +313,8 @@ struct FastRelayStateMachine<Backend> {
     /// The handler armed the timer and looked in the pool: `idle` is the connection it took.
     mutating func exchangeStarted(at now: NIODeadline, idle: Backend?) -> Action {
         guard case .connecting(var exchange, let app) = state else { return idle.map { .giveBack($0) } ?? .none }
-        exchange.started = now
+        // An exchange that waited for its admission counts from then.
+        if exchange.started == .distantPast { exchange.started = now }
         guard let idle else {
             state = .connecting(exchange, app)
             return .connect(exchange.plan.target, exchange: exchange.id)
@@ -384,10 +414,10 @@ struct FastRelayStateMachine<Backend> {
     }
 
     /// Answers the exchange that has not begun its answer with `problem`.
-    private mutating func answerProblem(_ problem: GatehouseProblem, closing: Backend?) -> Action {
+    private mutating func answerProblem(_ problem: GatehouseProblem, closing: Backend?, headers: [(String, String)] = []) -> Action {
         switch state {
         case .connecting(let exchange, let app), .awaitingHead(let exchange, _, let app):
-            return .answerProblem(problem, complete(exchange, status: UInt(problem.status), app: app), closing: closing)
+            return .answerProblem(problem, complete(exchange, status: UInt(problem.status), app: app), closing: closing, headers: headers)
         case .idle, .streaming, .modifying:
             return .none
         }

@@ -135,6 +135,25 @@ extension PostgresStore {
             """, logger: logger)).isEmpty
     }
 
+    public func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String> {
+        guard !entries.isEmpty else { return [] }
+        // In key order, so that two instances writing overlapping batches take their row locks
+        // in the same order (in any other, they deadlock).
+        let sorted = entries.sorted { $0.keyHash < $1.keyHash }
+        let keys = sorted.map(\.keyHash)
+        let expiries = sorted.map { ms($0.expiresAt) }
+        let rows = try await query(
+            """
+            INSERT INTO single_use (kind, key_hash, value, expires_at)
+            SELECT \(kind), key, ''::bytea, expiry FROM unnest(\(keys)::text[], \(expiries)::bigint[]) AS batch (key, expiry) ORDER BY key
+            ON CONFLICT (kind, key_hash) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+            WHERE single_use.expires_at <= \(ms(now)) RETURNING key_hash
+            """, logger: logger)
+        var inserted: Set<String> = []
+        for row in rows { inserted.insert(try row.decode(String.self)) }
+        return inserted
+    }
+
     public func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data? {
         try await query(
             "DELETE FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash) AND expires_at > \(ms(now)) RETURNING value",

@@ -162,6 +162,23 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
              .integer(Self.milliseconds(now))])).isEmpty
     }
 
+    public func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String> {
+        guard !entries.isEmpty else { return [] }
+        var binds: [SQLiteData] = []
+        binds.reserveCapacity(entries.count * 3 + 1)
+        for entry in entries {
+            binds += [.text(kind), .text(entry.keyHash), .integer(Self.milliseconds(entry.expiresAt))]
+        }
+        binds.append(.integer(Self.milliseconds(now)))
+        let rows = try await connection.query(
+            """
+            INSERT INTO single_use (kind, key_hash, value, expires_at) VALUES \(Array(repeating: "(?, ?, X'', ?)", count: entries.count).joined(separator: ", "))
+            ON CONFLICT (kind, key_hash) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+            WHERE single_use.expires_at <= ? RETURNING key_hash
+            """, binds)
+        return Set(rows.compactMap { $0.column("key_hash")?.string })
+    }
+
     public func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data? {
         try await connection.query(
             "DELETE FROM single_use WHERE kind = ? AND key_hash = ? AND expires_at > ? RETURNING value",

@@ -1,3 +1,4 @@
+import Foundation
 import GatehouseCore
 @testable import GatehouseServer
 import NIOCore
@@ -626,6 +627,68 @@ struct FastRelayStateMachineTests {
         #expect(Self.describe(machine.answerEndWritten()) == "passQuiesceOn")
     }
 
+    // MARK: A DPoP proof's first use, written to the store before the exchange
+
+    /// A store the machine never reaches: the handler writes the proof, the machine only waits.
+    struct UnusedStore: SingleUseStore {
+        func insertOnce(kind: String, keyHash: String, value: Data, expiresAt: Date, now: Date) async throws -> Bool { true }
+        func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data? { nil }
+    }
+
+    static let dpop = DPoPEnforcement(
+        configuration: GatehouseConfiguration(server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
+                                              store: StoreSettings(sqlitePath: ":memory:"), upstreams: [:], clients: [:]),
+        store: UnusedStore(), now: Date.init, previous: nil)
+
+    /// A plan whose proof is new to this instance: the exchange waits for the store.
+    static func boundPlan(_ uri: String) -> FastRelayPlan {
+        var plan = plan(head(uri))!
+        plan.proofRecord = FastProofRecord(spend: DPoPEnforcement.ProofSpend(keyHash: "jti-hash", expiresAt: .distantFuture),
+                                           dpop: Self.dpop)
+        return plan
+    }
+
+    @Test func aBoundRequestStartsOnlyOnceTheStoreHasItsProof() {
+        var machine = Machine(maximumQueuedParts: 8)
+        _ = machine.requestPartRead(.head(Self.head("/fast/1")))
+        // Without a body it starts on its head; the end is dropped when it comes.
+        #expect(Self.describe(machine.planned(Self.boundPlan("/fast/1"), for: Self.head("/fast/1"))) == "admit jti-hash #1")
+        #expect(Self.describe(machine.requestPartRead(.end(nil))) == "none")
+        #expect(Self.describe(machine.admitted(exchange: 2)) == "none", "another exchange's admission")
+        #expect(Self.describe(machine.admitted(exchange: 1)) == "startExchange idleAtMost 30s")
+        #expect(Self.describe(machine.exchangeStarted(at: .uptimeNanoseconds(0), idle: Self.b1)) == "send /b/1 on b1")
+    }
+
+    @Test func aBoundRequestWhoseProofTheStoreRefusesIsAnsweredWithTheHeaders() {
+        var machine = Machine(maximumQueuedParts: 8)
+        _ = machine.requestPartRead(.head(Self.head("/fast/1")))
+        _ = machine.planned(Self.boundPlan("/fast/1"), for: Self.head("/fast/1"))
+        _ = machine.requestPartRead(.end(nil))
+        #expect(Self.describe(machine.refused(.invalidToken("used"), headers: [("WWW-Authenticate", "DPoP"), ("DPoP-Nonce", "n")], exchange: 1))
+                == "answerProblem 401 #1 401 WWW-Authenticate DPoP-Nonce")
+        #expect(Self.describe(machine.admitted(exchange: 1)) == "none", "answered: a late admission starts nothing")
+        #expect(Self.describe(machine.state) == "idle")
+    }
+
+    @Test func anAdmissionThatArrivesAfterTheConnectionClosedStartsNothing() {
+        var machine = Machine(maximumQueuedParts: 8)
+        _ = machine.requestPartRead(.head(Self.head("/fast/1")))
+        _ = machine.planned(Self.boundPlan("/fast/1"), for: Self.head("/fast/1"))
+        _ = machine.requestPartRead(.end(nil))
+        #expect(Self.describe(machine.connectionClosed()) == "stop")
+        #expect(Self.describe(machine.admitted(exchange: 1)) == "none")
+        #expect(Self.describe(machine.refused(.identityUnavailable(), headers: [], exchange: 1)) == "none")
+    }
+
+    @Test func aStoreThatDoesNotAnswerInTimeIsTheRoutesTimeout() {
+        var machine = Machine(maximumQueuedParts: 8)
+        _ = machine.requestPartRead(.head(Self.head("/fast/1")))
+        _ = machine.planned(Self.boundPlan("/fast/1"), for: Self.head("/fast/1"))
+        _ = machine.requestPartRead(.end(nil))
+        #expect(Self.describe(machine.timerFired()) == "answerProblem 504 #1 504")
+        #expect(Self.describe(machine.admitted(exchange: 1)) == "none")
+    }
+
     // MARK: Helpers
 
     static func head(_ uri: String, _ method: HTTPMethod = .GET, length: Int = 0) -> HTTPRequestHead {
@@ -658,6 +721,7 @@ struct FastRelayStateMachineTests {
         case .passOn(.body(let body)): return "passOn body \(String(buffer: body))"
         case .passOn(.end(let trailers)): return "passOn end" + (trailers.map { $0.map { " \($0.name): \($0.value)" }.joined() } ?? "")
         case .plan(let head): return "plan \(head.uri)"
+        case .admit(let proof, _, let exchange): return "admit \(proof.spend.keyHash) #\(exchange)"
         case .startExchange(_, let idleAtMost): return "startExchange idleAtMost \(seconds(idleAtMost))"
         case .connect(_, let exchange): return "connect #\(exchange)"
         case .send(let head, let body, let backend):
@@ -671,8 +735,9 @@ struct FastRelayStateMachineTests {
         case .endAnswer(let completion, let backend, let reusable, let resumeReading):
             return "endAnswer \(describe(completion)) on \(backend)" + (reusable ? " reusable" : "")
                 + (resumeReading ? " resumeReading" : "") + flags(completion)
-        case .answerProblem(let problem, let completion, let closing):
+        case .answerProblem(let problem, let completion, let closing, let headers):
             return "answerProblem \(problem.status) \(describe(completion))" + (closing.map { " closing \($0)" } ?? "") + flags(completion)
+                + headers.map { " \($0.0)" }.joined()
         case .breakOff(let exchange, let status, let closing):
             return "breakOff #\(exchange.id) \(status)" + (closing.map { " closing \($0)" } ?? "")
         case .close: return "close"
