@@ -1,7 +1,7 @@
 -- wrk script for Benchmarks/run: sends the target's request and checks the body of every
 -- 1,000th response (the 1st, the 1,001st, … of each wrk thread) against the expected fixture,
 -- so that a fast wrong answer cannot count. Configured through the environment (set per run by
--- Benchmarks/bench.py measure):
+-- Benchmarks/run):
 --
 --   BENCH_EXPECT_FILE   the body every checked response must have, byte for byte (required)
 --   BENCH_CHECK_EVERY   check one response in this many (default 1000)

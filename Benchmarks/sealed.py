@@ -7,6 +7,13 @@
         code and writes Gatehouse's access token (gha_…) to OUT. Needs `requests`: run it with
         the repo's venv (scripts/python-env).
 
+    sealed.py sign-in-many GATEHOUSE_URL OUT --count N [--client-id ID --redirect-uri URI] [--threads 4]
+        N sign-ins the same way (one in-app browser per thread: alice logs in once per thread, the
+        upstream's session cookie does the rest), for the token and capacity targets: refresh
+        tokens are single-use, each load worker needs a chain of its own. Writes one JSON object
+        per line, {"access_token", "refresh_token"}. With a passthrough client (e.g.
+        com.example.bench) these are the upstream's own tokens. Needs `requests` (the venv).
+
     sealed.py storm --url A --url B --token-file F --counts URL [--workers 250] [--per-worker 4]
                     [--path /api/data] [--expect-body FILE] [--identity-log FILE] --out OUT.json
         The refresh storm: WORKERS threads, each with one keep-alive connection to every
@@ -69,6 +76,45 @@ def sign_in(args):
     print(f"sign-in: alice signed in through {args.url}; sealed access token ({len(access)} characters) "
           f"expires in {answer.json().get('expires_in')} s")
     return 0
+
+
+def sign_in_many(args):
+    sys.path.insert(0, str(ROOT / "Tests/Support"))
+    from nativeapp import App, InAppBrowser  # noqa: E402 (needs requests, from the venv)
+
+    lock = threading.Lock()
+    pairs, failures = [], []
+
+    def one_thread(share):
+        browser = InAppBrowser()
+        for _ in range(share):
+            try:
+                app = App({"url": args.url.rstrip("/")}, client_id=args.client_id, redirect_uri=args.redirect_uri)
+                received = app.sign_in(browser)
+                answer = app.redeem(received["code"])
+                body = answer.json() if answer.status_code == 200 else {}
+                if not body.get("refresh_token"):
+                    raise RuntimeError(f"the token endpoint answered {answer.status_code}: {answer.text[:200]}")
+                with lock:
+                    pairs.append({"access_token": body["access_token"], "refresh_token": body["refresh_token"]})
+            except Exception as error:  # noqa: BLE001 (reported below)
+                with lock:
+                    failures.append(f"{type(error).__name__}: {error}")
+
+    started = time.monotonic()
+    shares = [args.count // args.threads + (1 if i < args.count % args.threads else 0) for i in range(args.threads)]
+    threads = [threading.Thread(target=one_thread, args=(share,)) for share in shares if share]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        for pair in pairs:
+            f.write(json.dumps(pair) + "\n")
+    print(f"sign-in-many: {len(pairs)} of {args.count} sign-ins of {args.client_id} through {args.url} "
+          f"in {time.monotonic() - started:.1f} s" + (f"; first failure: {failures[0]}" if failures else ""))
+    return 0 if len(pairs) == args.count else 1
 
 
 def proofs(args):
@@ -250,6 +296,15 @@ def main():
     p.add_argument("out")
     p.add_argument("--dpop-key", help="bind the tokens to a new ES256 key, written (PEM) to this file")
     p.set_defaults(func=sign_in)
+
+    p = sub.add_parser("sign-in-many")
+    p.add_argument("url")
+    p.add_argument("out")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--client-id", default="com.example.app")
+    p.add_argument("--redirect-uri", default="com.example.app:/oauth2redirect")
+    p.add_argument("--threads", type=int, default=4)
+    p.set_defaults(func=sign_in_many)
 
     p = sub.add_parser("proofs")
     p.add_argument("--key", required=True, help="the PEM key of sign-in --dpop-key")
