@@ -57,7 +57,9 @@ public enum DPoPProof {
             throw DPoPProofError("the DPoP proof needs a jti of at most 256 characters")
         }
         guard claims["htm"] as? String == method else { throw DPoPProofError("the DPoP proof's htm is not this request's method") }
-        guard let htu = claims["htu"] as? String, let presented = normalizedURI(htu), presented == normalizedURI(url) else {
+        // The same text needs no normalizing (the usual case: the app names the URL it calls).
+        guard let htu = claims["htu"] as? String, htu.utf8.elementsEqual(url.utf8) || normalizedURI(htu).map({ $0 == normalizedURI(url) }) == true
+        else {
             throw DPoPProofError("the DPoP proof's htu is not this request's URI")
         }
         guard let iat = (claims["iat"] as? NSNumber)?.doubleValue, iat.isFinite, abs(iat - now.timeIntervalSince1970) <= lifetime else {

@@ -24,11 +24,43 @@ public enum Base64URL {
 
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
 
-    /// Decodes unpadded (or padded) base64url; `nil` when the text is not base64url.
+    /// Decodes unpadded base64url; `nil` when the text is not base64url (any byte outside the
+    /// alphabet, padding, or a length no encoding has). One pass over the UTF-8 bytes: a DPoP
+    /// proof on the relay's fast path decodes three of these per request.
     public static func decode(_ text: String) -> Data? {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        guard !base64.contains("="), !text.contains("+"), !text.contains("/") else { return nil }
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        return Data(base64Encoded: base64)
+        var text = text
+        return text.withUTF8 { decode(utf8: $0) }
     }
+
+    /// `decode` over UTF-8 bytes.
+    public static func decode(utf8 input: UnsafeBufferPointer<UInt8>) -> Data? {
+        let count = input.count
+        guard count % 4 != 1 else { return nil }
+        var output = Data(count: count * 3 / 4)
+        let valid = output.withUnsafeMutableBytes { (buffer: UnsafeMutableRawBufferPointer) -> Bool in
+            var written = 0
+            var word: UInt32 = 0
+            var bits = 0
+            for byte in input {
+                let value = decoding[Int(byte)]
+                guard value < 64 else { return false }
+                word = word << 6 | UInt32(value)
+                bits += 6
+                if bits >= 8 {
+                    bits -= 8
+                    buffer[written] = UInt8(truncatingIfNeeded: word >> UInt32(bits))
+                    written += 1
+                }
+            }
+            return true
+        }
+        return valid ? output : nil
+    }
+
+    /// Each byte's value in the alphabet; 255 for a byte outside it.
+    private static let decoding: [UInt8] = {
+        var table = [UInt8](repeating: 255, count: 256)
+        for (index, byte) in alphabet.enumerated() { table[Int(byte)] = UInt8(index) }
+        return table
+    }()
 }
