@@ -43,12 +43,16 @@ struct RequestLine {
 
     /// Milliseconds with one decimal, `12.3`: `%.1f` of the duration, a tie rounded up.
     static func milliseconds(_ nanoseconds: Int64) -> [UInt8] {
-        let tenths = (max(nanoseconds, 0) + 50_000) / 100_000
         var bytes: [UInt8] = []
+        appendMilliseconds(nanoseconds, to: &bytes)
+        return bytes
+    }
+
+    static func appendMilliseconds(_ nanoseconds: Int64, to bytes: inout [UInt8]) {
+        let tenths = (max(nanoseconds, 0) + 50_000) / 100_000
         RequestLineFormatter.appendDecimal(Int(tenths / 10), to: &bytes)
         bytes.append(UInt8(ascii: "."))
         bytes.append(UInt8(ascii: "0") + UInt8(tenths % 10))
-        return bytes
     }
 }
 
@@ -103,7 +107,7 @@ struct RequestLineFormatter {
         extras(before: "method")
         appendField("method", line.method, to: &bytes)
         extras(before: "ms")
-        appendField("ms", raw: RequestLine.milliseconds(line.nanoseconds), to: &bytes)
+        appendField("ms", to: &bytes) { RequestLine.appendMilliseconds(line.nanoseconds, to: &$0) }
         extras(before: "path")
         appendField("path", line.path, to: &bytes)
         if let relay = line.relay {
@@ -113,17 +117,18 @@ struct RequestLineFormatter {
         extras(before: "request_id")
         appendField("request_id", line.requestID, to: &bytes)
         extras(before: "status")
-        var status: [UInt8] = []
-        Self.appendDecimal(line.status, to: &status)
-        appendField("status", raw: status, to: &bytes)
+        appendField("status", to: &bytes) { Self.appendDecimal(line.status, to: &$0) }
         extras(before: nil)
         switch format {
         case .text:
-            bytes.append(contentsOf: " [\(Self.source)] request\n".utf8)
+            bytes.append(contentsOf: Self.textEnd)
         case .json:
             bytes.append(contentsOf: "}\n".utf8)
         }
     }
+
+    /// What ends a text line: the source, then the message.
+    private static let textEnd = Array(" [\(source)] request\n".utf8)
 
     /// ` key=value` (text) or `,"key":"value"` (json, escaped).
     private func appendField(_ key: String, _ value: String, to bytes: inout [UInt8]) {
@@ -137,11 +142,11 @@ struct RequestLineFormatter {
         }
     }
 
-    /// A value made of digits and a dot, which needs no escaping.
-    private func appendField(_ key: String, raw value: [UInt8], to bytes: inout [UInt8]) {
+    /// A value of digits and a dot, which needs no escaping, written by `value`.
+    private func appendField(_ key: String, to bytes: inout [UInt8], value: (inout [UInt8]) -> Void) {
         appendKey(key, to: &bytes)
         if format == .json { bytes.append(UInt8(ascii: "\"")) }
-        bytes.append(contentsOf: value)
+        value(&bytes)
         if format == .json { bytes.append(UInt8(ascii: "\"")) }
     }
 
