@@ -126,14 +126,15 @@ public enum GatehouseApplication {
     }
 
     /// The router, reading the `Gatehouse` in force from `holder` once per request (SIGHUP swaps it).
-    /// `metrics`: the registry `/metrics` reads when `observability.metrics.allow` opens it on this port.
-    static func router(holder: GatehouseHolder, readiness: Readiness = Readiness(),
-                       metrics: PrometheusCollectorRegistry? = nil) -> Router<GatehouseRequestContext> {
+    /// `metrics`: the registry `/metrics` reads when `observability.metrics.allow` opens it on this port;
+    /// `accessLog`: where each request's line goes.
+    static func router(holder: GatehouseHolder, readiness: Readiness = Readiness(), metrics: PrometheusCollectorRegistry? = nil,
+                       accessLog: AccessLog = .throughLogger) -> Router<GatehouseRequestContext> {
         let router = Router(context: GatehouseRequestContext.self)
         let gatehouse = holder.current
         let endpoints = endpoints(of: gatehouse, readiness: readiness, metrics: metrics)
         let known = Dictionary(endpoints.map { ($0.path, [$0.method]) }, uniquingKeysWith: +)
-        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, holder: holder))
+        router.add(middleware: RequestLogMiddleware(logger: gatehouse.logger, routes: known, holder: holder, accessLog: accessLog))
         router.add(middleware: RateLimitMiddleware(holder: holder))
         router.add(middleware: RelayMiddleware(holder: holder))
         for endpoint in endpoints {
@@ -190,8 +191,11 @@ public enum GatehouseApplication {
 
     /// Opens the store, starts the server and runs until SIGTERM or SIGINT, then drains and closes
     /// cleanly (`Lifecycle`); SIGHUP reloads `configurationPath` (clients, routes, rate limits).
+    /// `accessLog`: what `GatehouseLogging.bootstrap` made, used unless `observability.access_log`
+    /// is off (read at start: a reload never changes it).
     public static func run(configuration: GatehouseConfiguration, source: ConfigurationSource? = nil, configurationPath: String? = nil,
-                           logger: Logger) async throws {
+                           logger: Logger, accessLog: AccessLog = .throughLogger) async throws {
+        let accessLog = accessLog.applying(configuration.operations.accessLog)
         // Metrics and traces first: handles made from here on report to them.
         let registry = configuration.operations.metrics.map { _ in MetricsExport.bootstrap() }
         let tracing = try configuration.operations.tracing.map(TracingExport.bootstrap)
@@ -224,12 +228,12 @@ public enum GatehouseApplication {
         let idleTimeout = TimeAmount.nanoseconds(configuration.server.idleTimeout.inNanoseconds)
         let bodyReadTimeout = TimeAmount.nanoseconds(configuration.server.bodyReadTimeout.inNanoseconds)
         var app = Application(
-            router: router(holder: holder, readiness: readiness, metrics: registry),
+            router: router(holder: holder, readiness: readiness, metrics: registry, accessLog: accessLog),
             server: .http1(configuration: .init(additionalChannelHandlers: [
                 EdgeInstaller(limiter: limiter, logger: logger,
                               edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, bodyReadTimeout: bodyReadTimeout,
                                                             idleTimeout: idleTimeout, logger: logger) },
-                              fastPath: { FastRelayHandler(planner: planner, pool: pool, logger: logger) }),
+                              fastPath: { FastRelayHandler(planner: planner, pool: pool, logger: logger, accessLog: accessLog) }),
             ])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
@@ -256,9 +260,12 @@ public enum GatehouseApplication {
         do {
             try await lifecycle.run(app, beside: observability, timeout: configuration.server.shutdownTimeout)
         } catch {
+            await accessLog.flush()
             await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
             throw error
         }
+        // The server has stopped: the lines of its last requests are written before the process ends.
+        await accessLog.flush()
         await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
     }
 

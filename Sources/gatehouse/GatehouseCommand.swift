@@ -47,8 +47,9 @@ struct Serve: AsyncParsableCommand {
             FileHandle.standardError.write(Data("gatehouse: the configuration has problems:\n\(error.description)\n".utf8))
             throw ExitCode(78)  // EX_CONFIG
         }
+        let accessLog: AccessLog
         do {
-            try GatehouseLogging.bootstrap(format: format, level: level, auditFile: configuration.operations.auditFile)
+            accessLog = try GatehouseLogging.bootstrap(format: format, level: level, auditFile: configuration.operations.auditFile)
         } catch {
             FileHandle.standardError.write(Data("gatehouse: \(error)\n".utf8))
             throw ExitCode(73)  // EX_CANTCREAT
@@ -57,7 +58,8 @@ struct Serve: AsyncParsableCommand {
         // channel, the route's task and the outbound client.
         _ = NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         let logger = Logger(label: "gatehouse")
-        try await GatehouseApplication.run(configuration: configuration, source: source, configurationPath: config, logger: logger)
+        try await GatehouseApplication.run(configuration: configuration, source: source, configurationPath: config, logger: logger,
+                                           accessLog: accessLog)
     }
 }
 

@@ -10,20 +10,31 @@ first 16 hex digits of SHA-256 of the subject), never the subject in clear, neve
 A second Gatehouse writes its audit events to a file (`observability.audit.file`): they are
 there, one a line, each with audit_event, and not on standard error.
 
+The access log: 2,000 fast-path requests on 32 keep-alive connections, then SIGTERM: exactly one
+request line per answered request, none lost, none torn, in text and in JSON (the lines are
+written in batches per event loop). With `observability.access_log: off` no request line at all,
+while the other lines remain.
+
 Files: the JSON logs are WORKDIR/*.json.log and the audit files WORKDIR/*.audit.log, which the
 suite's last test (test_zz) parses and searches for secrets once more.
 """
 
 import base64
 import hashlib
+import http.client
 import json
 import re
+import secrets
+import signal
+import threading
+import time
 
 import pytest
 import requests
 
 from nativeapp import APP_REDIRECT, App, free_port
-from operations import IdentityDouble, gateway, gateway_config, json_lines, poll, relay_sign_in
+from gatelog import fields, message
+from operations import IdentityDouble, gateway, gateway_config, json_lines, poll, relay_sign_in, route_yaml
 from tokenproxy import run_upstream, server_and_store, session_keys
 
 LEVELS = {"trace", "debug", "info", "notice", "warning", "error", "critical"}
@@ -241,3 +252,137 @@ def test_audit_events_go_to_the_configured_file_and_not_to_standard_error(audite
         for token in tokens["access_token"], tokens["refresh_token"]:
             assert token not in line
     assert not any("audit_event" in line for line in audited["lines"].lines_since(0)), "audit lines on standard error"
+
+
+# --------------------------------------------------------------------------- the access log
+
+REQUESTS = 2000
+CONNECTIONS = 32
+#: A whole text request line (gatelog's format); anything else holding " request" is torn.
+TEXT_REQUEST = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} info gatehouse: (\S+=\S+ )*status=\d{3}"
+                          r"( \S+=\S+)* \[GatehouseServer\] request$")
+
+
+@pytest.fixture(scope="module")
+def access_identity():
+    identity = IdentityDouble()
+    yield identity
+    identity.stop()
+
+
+@pytest.fixture(scope="module")
+def access_token(access_identity, seen):
+    token = "access-log-" + secrets.token_urlsafe(32)
+    seen.add(token, kind="relayed access token (access log test)")
+    access_identity.register(token, "alice")
+    return token
+
+
+def access_gateway(workdir, upstream, relay_doubles, seen, identity, name, sections="", json_logs=False, log_level="info"):
+    port = free_port()
+    backend = relay_doubles["backend"].url
+    config = gateway_config(port, workdir, name, upstream["url"], identity.url_for_config, backend, seen,
+                            routes=route_yaml("/api/access", backend + "/access", "legacy"), sections=sections)
+    return gateway(workdir, name, config, upstream["env"], json_logs=json_logs, log_level=log_level)
+
+
+def load(port, token, requests_in_all, connections):
+    """`requests_in_all` GETs of /api/access/… over `connections` keep-alive connections at
+    once; the X-Request-Id of every answer (all 200)."""
+    answered = []
+    failures = []
+    lock = threading.Lock()
+    start = threading.Barrier(connections)
+
+    def worker(index):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            start.wait(30)
+            for number in range(index, requests_in_all, connections):
+                connection.request("GET", f"/api/access/{index}/{number}", headers={"Authorization": f"Bearer {token}"})
+                response = connection.getresponse()
+                response.read()
+                with lock:
+                    if response.status == 200:
+                        answered.append(response.getheader("X-Request-Id"))
+                    else:
+                        failures.append(response.status)
+        except (OSError, http.client.HTTPException) as error:
+            with lock:
+                failures.append(type(error).__name__)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(index,), daemon=True) for index in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == [], failures[:10]
+    assert len(answered) == requests_in_all
+    return answered
+
+
+def stop_and_read(instance):
+    """SIGTERM, exit 0, and every line the process wrote (its standard error read to the end)."""
+    process = instance["process"]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    instance["lines"].wait_for(r"gatehouse stopped", timeout=10)
+    # The process has exited: the reader thread copies what is left in the pipe; until it stops growing.
+    count = -1
+    while count != instance["lines"].mark():
+        count = instance["lines"].mark()
+        time.sleep(0.3)
+    return instance["lines"].lines_since(0)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_every_answered_request_has_exactly_one_whole_line_after_sigterm(log_format, workdir, upstream, relay_doubles, seen,
+                                                                         access_identity, access_token):
+    json_logs = log_format == "json"
+    with access_gateway(workdir, upstream, relay_doubles, seen, access_identity, f"access-log-{log_format}",
+                        json_logs=json_logs) as instance:
+        warm = requests.get(instance["url"] + "/api/access/warm", headers={"Authorization": f"Bearer {access_token}"}, timeout=10)
+        assert warm.status_code == 200, warm.text  # the identity is cached: the GETs take the fast path
+        answered = load(instance["port"], access_token, REQUESTS, CONNECTIONS)
+        lines = stop_and_read(instance)
+
+    if json_logs:
+        values = json_lines(lines)  # every line is one whole JSON object
+        request_lines = [value for value in values if value["msg"] == "request"]
+    else:
+        torn = [line for line in lines if message(line) is None]  # a piece of a line, or two lines in one
+        assert torn == [], torn[:5]
+        texts = [line for line in lines if message(line) == "request"]
+        assert [line for line in texts if not TEXT_REQUEST.match(line)] == []
+        request_lines = [fields(line) for line in texts]
+    ids = [value["request_id"] for value in request_lines]
+    counted = {}
+    for request_id in ids:
+        counted[request_id] = counted.get(request_id, 0) + 1
+    assert [request_id for request_id, count in counted.items() if count > 1] == [], "a request logged twice"
+    missing = set(answered) - set(counted)
+    assert missing == set(), f"{len(missing)} answered requests have no line"
+    assert len(ids) == REQUESTS + 1  # and the warm-up request
+    fast = [value for value in request_lines if value.get("relay") == "fast"]
+    assert len(fast) >= REQUESTS * 0.9, f"only {len(fast)} of {REQUESTS} requests took the fast path"
+    for value in fast:
+        assert value["method"] == "GET" and value["status"] == "200" and value["path"].startswith("/api/access/"), value
+        assert re.fullmatch(r"\d+\.\d", value["ms"]), value
+
+
+def test_access_log_off_writes_no_request_line_and_keeps_the_others(workdir, upstream, relay_doubles, seen, access_identity,
+                                                                    access_token):
+    with access_gateway(workdir, upstream, relay_doubles, seen, access_identity, "access-log-off", json_logs=True,
+                        sections="observability:\n  access_log: off\n") as instance:
+        base = instance["url"]
+        headers = {"Authorization": f"Bearer {access_token}"}
+        for path in ["/api/access/warm", "/api/access/fast", "/healthz", "/nowhere"]:
+            assert requests.get(base + path, headers=headers, timeout=10).status_code in (200, 404)
+        load(instance["port"], access_token, 200, 4)
+        lines = stop_and_read(instance)
+    values = json_lines(lines)
+    assert [value for value in values if value["msg"] == "request"] == []
+    messages = {value["msg"] for value in values}
+    assert {"gatehouse is ready", "gatehouse stopped"} <= messages, sorted(messages)

@@ -18,6 +18,7 @@ struct OperationsTests {
         let configuration = try GatehouseConfiguration.decode(Self.document([]), secrets: C.secrets)
         #expect(configuration.operations == OperationsSettings())
         #expect(configuration.operations.metrics == nil && configuration.operations.tracing == nil)
+        #expect(configuration.operations.accessLog == .on)
         #expect(configuration.operations.rateLimits.oauthPerClient == nil)
         #expect(configuration.operations.rateLimits.identityConcurrency == 32)
         #expect(configuration.server.shutdownDrain == .zero && configuration.server.shutdownTimeout == .seconds(25))
@@ -29,6 +30,7 @@ struct OperationsTests {
                 ("metrics", C.map([("listen", C.scalar("[::1]:9464")), ("allow", Self.list(["10.0.0.0/8", "127.0.0.1"]))])),
                 ("tracing", C.map([("otlp_endpoint", C.scalar("http://127.0.0.1:4318/v1/traces")), ("sample_ratio", C.scalar("0.25"))])),
                 ("audit", C.map([("file", C.scalar("/var/lib/gatehouse/audit.log"))])),
+                ("access_log", C.scalar("off")),
             ])),
             ("rate_limits", C.map([
                 ("trusted_proxies", Self.list(["127.0.0.1", "fd00::/8"])),
@@ -41,6 +43,7 @@ struct OperationsTests {
         #expect(operations.metrics?.allow.map(\.description) == ["10.0.0.0/8", "127.0.0.1"])
         #expect(operations.tracing == TracingSettings(endpoint: "http://127.0.0.1:4318/v1/traces", sampleRatio: 0.25))
         #expect(operations.auditFile == "/var/lib/gatehouse/audit.log")
+        #expect(operations.accessLog == .off)
         #expect(operations.rateLimits.oauthPerClient == BucketSettings(perSecond: 0.5, burst: 3))
         #expect(operations.rateLimits.identityConcurrency == 4)
         #expect(operations.rateLimits.trustedProxies.count == 2)
@@ -53,6 +56,7 @@ struct OperationsTests {
                 ("metrics", C.map([("listen", C.scalar("9464"))])),
                 ("tracing", C.map([("otlp_endpoint", C.scalar("not a url")), ("sample_ratio", C.scalar("2"))])),
                 ("logs", C.map([])),
+                ("access_log", C.scalar("sometimes")),
             ])),
             ("rate_limits", C.map([
                 ("trusted_proxies", Self.list(["10.0.0.0/33", "example.com"])),
@@ -64,7 +68,7 @@ struct OperationsTests {
         let paths = Set(problems.map { String($0.prefix { $0 != ":" }) })
         #expect(paths == [
             "observability.metrics.listen", "observability.tracing.otlp_endpoint", "observability.tracing.sample_ratio",
-            "observability.logs", "rate_limits.trusted_proxies[0]", "rate_limits.trusted_proxies[1]",
+            "observability.logs", "observability.access_log", "rate_limits.trusted_proxies[0]", "rate_limits.trusted_proxies[1]",
             "rate_limits.oauth_per_client.per_second", "rate_limits.oauth_per_client.burst",
             "rate_limits.relay_per_subject.burst", "rate_limits.identity_concurrency", "server.shutdown_drain",
         ], "\(problems)")

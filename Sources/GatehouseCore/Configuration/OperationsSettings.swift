@@ -7,15 +7,24 @@ public struct OperationsSettings: Sendable, Equatable {
     public var tracing: TracingSettings?
     /// Where audit events go; `nil`: standard error, with the logs.
     public var auditFile: String?
+    /// Whether each request writes its `request` line (at `info`).
+    public var accessLog: AccessLogSetting
     public var rateLimits: RateLimitSettings
 
     public init(metrics: MetricsSettings? = nil, tracing: TracingSettings? = nil, auditFile: String? = nil,
-                rateLimits: RateLimitSettings = RateLimitSettings()) {
+                accessLog: AccessLogSetting = .on, rateLimits: RateLimitSettings = RateLimitSettings()) {
         self.metrics = metrics
         self.tracing = tracing
         self.auditFile = auditFile
+        self.accessLog = accessLog
         self.rateLimits = rateLimits
     }
+}
+
+/// `observability.access_log`: one `request` line per request, or none.
+public enum AccessLogSetting: String, Sendable, CaseIterable {
+    case on
+    case off
 }
 
 /// `observability.metrics`: a listener of its own, or the public port for some addresses.
@@ -114,6 +123,7 @@ extension GatehouseConfiguration {
                 settings.auditFile = audit.string("file")
                 audit.finish()
             }
+            settings.accessLog = observability.choice("access_log", default: settings.accessLog)
             observability.finish()
         }
         if let limits = top.mapping("rate_limits") {

@@ -52,6 +52,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private let planner: any FastRelayPlanning
     private let pool: any BackendConnecting
     private let logger: Logger
+    private let accessLog: AccessLog
     private var machine = Machine(maximumQueuedParts: FastRelayHandler.maximumQueuedParts)
     private var context: ChannelHandlerContext?
     /// The route's timeout for the running exchange.
@@ -65,10 +66,11 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// Where the fast path of this connection stands.
     var state: FastRelayStateMachine<BackendConnection>.State { machine.state }
 
-    init(planner: any FastRelayPlanning, pool: any BackendConnecting, logger: Logger) {
+    init(planner: any FastRelayPlanning, pool: any BackendConnecting, logger: Logger, accessLog: AccessLog = .throughLogger) {
         self.planner = planner
         self.pool = pool
         self.logger = logger
+        self.accessLog = accessLog
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -266,14 +268,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         let plan = completion.exchange.plan
         let nanoseconds = count(completion.exchange, status: completion.status)
         if logger.logLevel <= .info {
-            let elapsed = Double(nanoseconds) / 1_000_000
-            var metadata: Logger.Metadata = [
-                "request_id": .string(plan.requestID), "method": .string(plan.head.method.rawValue),
-                "path": .string(plan.path), "relay": "fast", "status": .stringConvertible(completion.status),
-                "ms": .string(String(format: "%.1f", elapsed)),
-            ]
-            if let clientRequestID = plan.clientRequestID { metadata["client_request_id"] = .string(clientRequestID) }
-            logger.info("request", metadata: metadata)
+            accessLog.record(RequestLine(requestID: plan.requestID, method: plan.head.method.rawValue, path: plan.path,
+                                         status: Int(completion.status), nanoseconds: nanoseconds, relay: .fast,
+                                         clientRequestID: plan.clientRequestID), logger: logger)
         }
         guard completion.processesQueue else { return }
         while let action = machine.processNextQueuedPart() {

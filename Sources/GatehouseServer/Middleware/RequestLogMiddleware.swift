@@ -26,6 +26,8 @@ struct RequestLogMiddleware<Context: GatehouseRequestContextProtocol>: RouterMid
     let routes: [String: [HTTPRequest.Method]]
     /// The `Gatehouse` in force (its relayed routes; a reload swaps it).
     let holder: GatehouseHolder
+    /// Where the request's line goes.
+    var accessLog: AccessLog = .throughLogger
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
@@ -78,14 +80,11 @@ struct RequestLogMiddleware<Context: GatehouseRequestContextProtocol>: RouterMid
 
     private func log(_ request: Request, context: Context, status: Int, relayed: Bool, elapsed: Duration) {
         guard logger.logLevel <= .info else { return }
-        let milliseconds = Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000
-        var metadata: Logger.Metadata = [
-            "request_id": .string(context.requestID), "method": .string(request.method.rawValue), "path": .string(request.uri.path),
-            "status": .stringConvertible(status), "ms": .string(String(format: "%.1f", milliseconds)),
-        ]
-        if relayed { metadata["relay"] = "general" }
-        if let clientRequestID = context.clientRequestID { metadata["client_request_id"] = .string(clientRequestID) }
-        logger.info("request", metadata: metadata)
+        let (seconds, attoseconds) = elapsed.components
+        let line = RequestLine(requestID: context.requestID, method: request.method.rawValue, path: request.uri.path, status: status,
+                               nanoseconds: seconds * 1_000_000_000 + attoseconds / 1_000_000_000, relay: relayed ? .general : nil,
+                               clientRequestID: context.clientRequestID)
+        accessLog.record(line, logger: logger, extra: AccessLog.extra(of: logger))
     }
 
     /// The request's server span, child of the request's `traceparent` when it has one.

@@ -45,8 +45,12 @@ public enum GatehouseLogging {
     /// (created 0600) when given, else on standard error with the rest. Audit lines are
     /// written at `notice`, whatever `level` says.
     ///
+    /// Returns the access log that writes the `request` lines in `format` to standard error,
+    /// under the lock of its other lines (`AccessLog`).
+    ///
     /// Throws when the audit file cannot be opened, or when logging was already set up.
-    public static func bootstrap(format: LogFormat, level: Logger.Level, auditFile: String?) throws {
+    @discardableResult
+    public static func bootstrap(format: LogFormat, level: Logger.Level, auditFile: String?) throws -> AccessLog {
         guard !bootstrapped.load(ordering: .acquiring) else { throw LoggingSetupError.alreadySetUp }
         let auditSink = try auditFile.map(openAuditFile)
         guard bootstrapped.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else {
@@ -57,6 +61,16 @@ public enum GatehouseLogging {
             makeHandler(label: label, format: format, level: level, auditSink: auditSink, standardError: FileDescriptorSink.standardError,
                         metadataProvider: provider)
         }, metadataProvider: metadataProvider)
+        return AccessLog(format: format, sink: standardErrorSink(format))
+    }
+
+    /// The sink of standard error for `format`, the one its lines are written through: swift-log's
+    /// stream (text) or `FileDescriptorSink.standardError` (json).
+    static func standardErrorSink(_ format: LogFormat) -> any LogLineSink {
+        switch format {
+        case .text: StandardErrorStreamSink.shared
+        case .json: FileDescriptorSink.standardError
+        }
     }
 
     /// The handler of the logger labelled `label` (split out of `bootstrap` for the tests).

@@ -1,20 +1,20 @@
 #if canImport(Glibc)
-import Glibc
+@preconcurrency import Glibc
 #elseif canImport(Musl)
-import Musl
+@preconcurrency import Musl
 #elseif canImport(Darwin)
-import Darwin
+@preconcurrency import Darwin
 #endif
 import Foundation
 import Logging
 import Synchronization
 
-/// Where finished log lines go: one call per line.
+/// Where finished log lines go: one call per line, or per batch of whole lines (`AccessLog`).
 protocol LogLineSink: Sendable {
     func write(_ line: [UInt8])
 }
 
-/// A file descriptor (standard error, the audit file): each line is one `write(2)` under a
+/// A file descriptor (standard error, the audit file): each call is written whole under a
 /// lock, so lines of concurrent tasks never interleave (a short write is finished before the
 /// next line starts).
 final class FileDescriptorSink: LogLineSink {
@@ -28,26 +28,47 @@ final class FileDescriptorSink: LogLineSink {
     }
 
     func write(_ line: [UInt8]) {
-        lock.withLock { _ in
-            line.withUnsafeBytes { buffer in
-                guard let base = buffer.baseAddress else { return }
-                var offset = 0
-                while offset < buffer.count {
-                    let written = writeBytes(descriptor, base + offset, buffer.count - offset)
-                    if written > 0 {
-                        offset += written
-                    } else if written < 0, errno == EINTR {
-                        continue
-                    } else {
-                        return  // nowhere to report a log that cannot be written
-                    }
-                }
+        lock.withLock { _ in writeAll(line, to: descriptor) }
+    }
+}
+
+/// Standard error under the lock of the C `stderr` stream, the one swift-log's
+/// `StreamLogHandler` (`--log-format text`) takes for each line: a batch written here never
+/// lands inside one of its lines, nor one of its lines inside a batch.
+final class StandardErrorStreamSink: LogLineSink {
+    static let shared = StandardErrorStreamSink()
+
+    /// The C stream, read once: `stderr` is a C global the compiler cannot prove unchanged.
+    nonisolated(unsafe) private static let stream = stderr
+
+    func write(_ line: [UInt8]) {
+        flockfile(Self.stream)
+        defer { funlockfile(Self.stream) }
+        // `stderr` is unbuffered: nothing of the stream's own waits to be written before these bytes.
+        writeAll(line, to: 2)
+    }
+}
+
+/// Writes every byte of `bytes` to `descriptor`, finishing short writes and retrying on EINTR;
+/// gives up on any other error (there is nowhere to report a log that cannot be written).
+private func writeAll(_ bytes: [UInt8], to descriptor: Int32) {
+    bytes.withUnsafeBytes { buffer in
+        guard let base = buffer.baseAddress else { return }
+        var offset = 0
+        while offset < buffer.count {
+            let written = writeBytes(descriptor, base + offset, buffer.count - offset)
+            if written > 0 {
+                offset += written
+            } else if written < 0, errno == EINTR {
+                continue
+            } else {
+                return
             }
         }
     }
 }
 
-/// `write(2)`, named apart from `FileDescriptorSink.write`.
+/// `write(2)`, named apart from `LogLineSink.write`.
 private func writeBytes(_ descriptor: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
     write(descriptor, bytes, count)
 }
