@@ -181,12 +181,10 @@ package final class PassthroughRefresher: Sendable {
         counted = .performed
         let body = fresh.json
         let rotated = fresh.refreshToken.map { $0.reveal() != token } ?? false
-        // The new tokens are bound before anyone can see them, while the answer is stored (two
-        // writes at once: on PostgreSQL two connections, one round trip less for the app).
-        async let binding: Void = bind(body, to: client)
-        let answer = await store(body, answering: token, hash: hash, rotated: rotated, client: client)
-        await binding
-        return answer
+        // The new tokens are bound before anyone can see them: a caller waiting on another
+        // instance reads the stored answer, and must find its tokens' owner recorded.
+        await bind(body, to: client)
+        return await store(body, answering: token, hash: hash, rotated: rotated, client: client)
     }
 
     /// Stores the upstream's answer sealed under the spent token: three tries, kept as long as a

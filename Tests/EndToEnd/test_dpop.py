@@ -210,6 +210,26 @@ def test_a_replayed_proof_is_refused_on_the_fast_path_too(gatehouse, seen):
     assert len(gatehouse["backend"].request_lines_since(mark)) == 1, "the replay never reached the backend"
 
 
+def test_replays_never_take_the_callers_rate_limit_tokens(workdir, seen):
+    """A stolen token and one of its proofs, replayed again and again: each replay is refused
+    (general path, in memory) without taking a token of the caller's `relay_per_subject`
+    allowance, so the caller's own next request still goes through."""
+    limits = "rate_limits:\n  relay_per_subject: {per_second: 0.01, burst: 4}"
+    with trusted_gatehouse(workdir, seen, "dpop-limited", client(OPTIONAL, "optional"), ROUTES, limits) as gatehouse:
+        key = Key()
+        _, pair = bound_sign_in(gatehouse, seen, key)
+        token = pair["access_token"]
+        warm(gatehouse, key, token)  # two of the four tokens
+        proof = key.proof("GET", gatehouse["url"] + "/api/dpop/x", access_token=token)
+        assert call(gatehouse, None, token, proof=proof).status_code == 200  # the third
+        for _ in range(10):
+            replayed = call(gatehouse, None, token, proof=proof)
+            assert replayed.status_code == 401 and "used before" in replayed.json()["detail"], replayed.text
+        own = call(gatehouse, key, token)
+        assert own.status_code == 200, own.text  # the fourth: the replays took none
+        assert call(gatehouse, key, token).status_code == 429  # and the allowance is really four
+
+
 @pytest.mark.parametrize("case", ["wrong htm", "wrong htu", "wrong ath", "other key", "no proof", "bearer scheme"])
 def test_a_warm_bound_token_with_a_bad_proof_is_refused_as_on_the_general_path(gatehouse, seen, case):
     key = Key()

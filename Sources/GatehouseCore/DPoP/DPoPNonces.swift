@@ -73,5 +73,10 @@ public final class DPoPReplayCache: Sendable {
         }
     }
 
+    /// Whether `key` is remembered and live (nothing is changed).
+    public func isRemembered(_ key: String, now: Date) -> Bool {
+        state.withLock { state in state.expiries[key].map { $0 > now } ?? false }
+    }
+
     public var count: Int { state.withLock { $0.expiries.count } }
 }

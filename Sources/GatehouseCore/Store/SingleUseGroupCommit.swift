@@ -59,7 +59,14 @@ public final class SingleUseGroupCommit: Sendable {
             entries.reserveCapacity(batch.count)
             for item in batch where seen.insert(item.entry.keyHash).inserted { entries.append(item.entry) }
             do {
-                let inserted = try await store.insertEachOnce(kind: kind, entries: entries, now: now())
+                let inserted: Set<String>
+                do {
+                    inserted = try await store.insertEachOnce(kind: kind, entries: entries, now: now())
+                } catch {
+                    // Once more (a deadlock with the expiry sweep, a dropped connection): a failed
+                    // statement wrote nothing, and a whole batch answering 503 is worth one retry.
+                    inserted = try await store.insertEachOnce(kind: kind, entries: entries, now: now())
+                }
                 var answered: Set<String> = []
                 for item in batch {
                     let fresh = inserted.contains(item.entry.keyHash) && answered.insert(item.entry.keyHash).inserted

@@ -75,13 +75,22 @@ struct DPoPEnforcement: Sendable {
         return await record(spend)
     }
 
+    /// Whether this instance has spent `proof`'s `jti` (in memory; nothing is changed).
+    func hasSeen(_ proof: VerifiedDPoPProof) -> Bool {
+        replays.isRemembered(Self.replayKey(proof), now: now())
+    }
+
+    private static func replayKey(_ proof: VerifiedDPoPProof) -> String {
+        proof.thumbprint + ":" + proof.jti
+    }
+
     /// The in-memory half of `spend`, synchronous (the relay's fast path calls it on the event
     /// loop): `nil` for a proof id this instance has seen, else what `record` must write.
     func remember(_ proof: VerifiedDPoPProof) -> ProofSpend? {
         let lifetime = settings.proofLifetime.inSeconds
         // A proof is accepted while its iat is within the lifetime either way: remember its jti that long, and more.
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
-        let key = proof.thumbprint + ":" + proof.jti
+        let key = Self.replayKey(proof)
         let now = self.now()
         guard replays.firstUse(key, until: until, now: now) else { return nil }
         return ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1)))

@@ -212,7 +212,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             context.write(wrapOutboundOut(.head(head)), promise: nil)
             if !plan.isHead { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
             writeEnd(reportingWritten: completion.reportsEndWritten, context: context)
-            logger.warning("fast relay answered \(problem.code)", metadata: ["route": .string(plan.target.route.prefix)])
+            // A replayed proof is the caller's doing (the general path does not warn of it either).
+            logger.log(level: problem.status == 401 ? .info : .warning, "fast relay answered \(problem.code)",
+                       metadata: ["route": .string(plan.target.route.prefix)])
             complete(completion, context: context)
         case .breakOff(let exchange, let status, let closing):
             closing?.handler.release(reusable: false)

@@ -140,7 +140,7 @@ final class FastRelayPlanner: Sendable {
         }
         var token = admission.bearer
         var sealed = false
-        var proof: VerifiedDPoPProof?
+        var boundThumbprint: String?
         // Web-session cookies (CSRF) go the general way; so does any token in the wrong scheme,
         // which the general path refuses with its precise answer.
         let bound = token.hasPrefix(SessionServices.boundAccessPrefix)
@@ -151,11 +151,8 @@ final class FastRelayPlanner: Sendable {
             guard let sessions, let view = SealedMemo.view(of: token, in: sessions.views, now: now, memo: &memo.sealed),
                   view.upstream == route.upstream, !sessions.needsRefresh(view, now: now) else { return nil }
             if bound {
-                // The proof: for this method and URI, this token, the session's key, fresh, with
-                // the nonce when required. Its jti is spent last, once the request is sure to go.
-                guard let dpop, let checked = dpop.fastPathProof(head.dpop, method: request.method.rawValue, path: path, token: token,
-                                                                 boundThumbprint: view.dpopJKT) else { return nil }
-                proof = checked
+                guard let key = view.dpopJKT else { return nil }
+                boundThumbprint = key
             }
             token = view.tokens.accessToken.reveal()
             // It goes into a header the fast path writes without NIO's validation.
@@ -169,10 +166,19 @@ final class FastRelayPlanner: Sendable {
         }
         guard case .active(let identity) = relay.cache.peek(key: memo.key(of: token, upstream: route.upstream)),
               admission.authorize(identity) == nil else { return nil }
+        // A bound token's proof, once every cheaper check has passed: for this method and URI,
+        // this token, the session's key, fresh, with the nonce when required, and not seen here
+        // before (a replay never takes the caller's rate-limit tokens; the general path refuses it).
+        var proof: VerifiedDPoPProof?
+        if let boundThumbprint {
+            guard let dpop, let checked = dpop.fastPathProof(head.dpop, method: request.method.rawValue, path: path, token: admission.bearer,
+                                                             boundThumbprint: boundThumbprint), !dpop.hasSeen(checked) else { return nil }
+            proof = checked
+        }
         // Last: a token is taken only for a request the fast path will carry. Over the limit, the
         // general path takes again, is refused too, and answers (and counts) the 429.
         if let limits, limits.take(.relay_subject, key: RateLimiters.relaySubjectKey(identity, token: token), recording: false) != nil { return nil }
-        // And the proof's jti after it: a proof this instance has seen goes the general way, which refuses it.
+        // And the proof's jti after it (the store is asked before the backend: `.admit`).
         var proofRecord: FastProofRecord?
         if let proof, let dpop {
             guard let spend = dpop.remember(proof) else { return nil }

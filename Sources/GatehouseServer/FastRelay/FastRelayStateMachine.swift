@@ -75,6 +75,8 @@ struct FastRelayStateMachine<Backend> {
         fileprivate(set) var reused = false
         /// A failed reused connection was already replaced once.
         fileprivate(set) var retried = false
+        /// Waiting for the store to record its DPoP proof (`admit`): the backend is not asked yet.
+        fileprivate(set) var admitting = false
         /// The request's `.end` is still to come from the network, to be dropped.
         fileprivate(set) var swallowsEnd: Bool
     }
@@ -255,7 +257,9 @@ struct FastRelayStateMachine<Backend> {
     private mutating func start(_ plan: FastRelayPlan, body: ByteBuffer?, swallowsEnd: Bool, app: AppConnection) -> Action {
         var app = app
         app.lastExchangeID &+= 1
-        state = .connecting(Exchange(plan: plan, body: body, id: app.lastExchangeID, swallowsEnd: swallowsEnd), app)
+        var exchange = Exchange(plan: plan, body: body, id: app.lastExchangeID, swallowsEnd: swallowsEnd)
+        exchange.admitting = plan.proofRecord != nil
+        state = .connecting(exchange, app)
         if let proof = plan.proofRecord { return .admit(proof, plan.target, exchange: app.lastExchangeID) }
         return startExchange(plan)
     }
@@ -270,7 +274,10 @@ struct FastRelayStateMachine<Backend> {
 
     /// The store has the first use of exchange `id`'s proof: the exchange may start.
     mutating func admitted(exchange id: Int) -> Action {
-        guard case .connecting(let exchange, _) = state, exchange.id == id else { return .none }
+        guard case .connecting(var exchange, let app) = state, exchange.id == id else { return .none }
+        state = .modifying
+        exchange.admitting = false
+        state = .connecting(exchange, app)
         return startExchange(exchange.plan)
     }
 
@@ -391,6 +398,9 @@ struct FastRelayStateMachine<Backend> {
         switch state {
         case .idle, .modifying:
             return .none
+        case .connecting(let exchange, _) where exchange.admitting:
+            // The store did not record the proof in time: the backend was never asked.
+            return answerProblem(.identityUnavailable(), closing: nil, headers: [("Retry-After", "1")])
         case .connecting:
             return answerProblem(.backendTimeout(), closing: nil)
         case .awaitingHead(_, let backend, _):

@@ -37,6 +37,8 @@ public final class AccessLog: Sendable {
     let output: Output
     /// Bytes a loop's buffer may hold before it is written at once.
     let capacity: Int
+    /// The shortest time between two writes of one loop's buffer (but past `capacity`).
+    static let writeInterval = TimeAmount.milliseconds(1)
     /// The buffer of the event loop of the current thread.
     private let buffers = ThreadSpecificVariable<LoopBuffer>()
     /// Every loop's buffer, for `flush()`.
@@ -88,9 +90,17 @@ public final class AccessLog: Sendable {
                 buffer.write(to: sink)
             } else if !buffer.flushScheduled {
                 buffer.flushScheduled = true
-                eventLoop.execute {
+                let flush = {
                     buffer.flushScheduled = false
                     buffer.write(to: sink)
+                }
+                // At most one write a millisecond: a loop that wrote moments ago waits out the
+                // rest of it, gathering the lines of the passes in between.
+                let due = buffer.lastWrite + Self.writeInterval
+                if due <= .now() {
+                    eventLoop.execute(flush)
+                } else {
+                    eventLoop.scheduleTask(deadline: due, flush)
                 }
             }
         }
@@ -134,6 +144,8 @@ private final class LoopBuffer: @unchecked Sendable {
     var bytes: [UInt8] = []
     var flushScheduled = false
     var clock = LogClock()
+    /// When the buffer was last written.
+    var lastWrite = NIODeadline.distantPast
 
     init(eventLoop: any EventLoop, capacity: Int) {
         self.eventLoop = eventLoop
@@ -145,5 +157,6 @@ private final class LoopBuffer: @unchecked Sendable {
         guard !bytes.isEmpty else { return }
         sink.write(bytes)
         bytes.removeAll(keepingCapacity: true)
+        lastWrite = .now()
     }
 }
