@@ -113,6 +113,23 @@ struct StoreContractTests {
         }
     }
 
+    /// A refresh's new pair is bound in one statement: both rows, a hash already bound keeps its
+    /// app, the same hash twice is one row.
+    @Test(arguments: StoreKind.available)
+    func aPairOfPassthroughTokensIsBoundInOneStatement(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            let later = Date().addingTimeInterval(86400)
+            try await store.bindPassthroughTokens([(hash: "rt", expiresAt: later)], clientID: "app", upstream: "u")
+            try await store.bindPassthroughTokens([(hash: "rt", expiresAt: later), (hash: "at2", expiresAt: later),
+                                                   (hash: "rt2", expiresAt: later), (hash: "rt2", expiresAt: later)],
+                                                  clientID: "third", upstream: "u")
+            #expect(try await store.passthroughToken(hash: "rt")?.clientID == "app")
+            #expect(try await store.passthroughToken(hash: "at2")?.clientID == "third")
+            #expect(try await store.passthroughToken(hash: "rt2")?.clientID == "third")
+            try await store.bindPassthroughTokens([], clientID: "none", upstream: "u")
+        }
+    }
+
     @Test(arguments: StoreKind.available)
     func oneRefreshOfAPassthroughTokenAtATimeAndTheFirstAnswerWins(kind: StoreKind) async throws {
         try await withStore(kind) { store in

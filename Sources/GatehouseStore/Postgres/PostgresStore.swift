@@ -275,13 +275,18 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     // MARK: Passthrough tokens
 
     public func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
-        for token in tokens {
-            try await query(
-                """
-                INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at) VALUES (\(token.hash), \(clientID), \(upstream), \(ms(token.expiresAt)))
-                ON CONFLICT (hash) DO NOTHING
-                """, logger: logger)
-        }
+        guard !tokens.isEmpty else { return }
+        // One statement for the pair (one round trip on a refresh's critical path), in hash order
+        // so that two writers of overlapping pairs take their row locks in the same order.
+        let sorted = tokens.sorted { $0.hash < $1.hash }
+        let hashes = sorted.map(\.hash)
+        let expiries = sorted.map { ms($0.expiresAt) }
+        try await query(
+            """
+            INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at)
+            SELECT hash, \(clientID), \(upstream), expiry FROM unnest(\(hashes)::text[], \(expiries)::bigint[]) AS pair (hash, expiry)
+            ON CONFLICT (hash) DO NOTHING
+            """, logger: logger)
     }
 
     public func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {

@@ -22,11 +22,16 @@ extension SQLiteAuthorizationStore: PassthroughTokenStore {
     ]
 
     public func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
+        guard !tokens.isEmpty else { return }
+        // One statement for the pair: one trip to the store's thread on a refresh's critical path.
+        var binds: [SQLiteData] = []
         for token in tokens {
-            _ = try await connection.query(
-                "INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at) VALUES (?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-                [.text(token.hash), .text(clientID), .text(upstream), .integer(Self.milliseconds(token.expiresAt))])
+            binds += [.text(token.hash), .text(clientID), .text(upstream), .integer(Self.milliseconds(token.expiresAt))]
         }
+        _ = try await connection.query(
+            "INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at) VALUES "
+                + Array(repeating: "(?, ?, ?, ?)", count: tokens.count).joined(separator: ", ") + " ON CONFLICT (hash) DO NOTHING",
+            binds)
     }
 
     public func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
