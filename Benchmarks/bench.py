@@ -181,6 +181,24 @@ def problems_of(run):
 # ---- the report ---------------------------------------------------------------------------------
 
 SPREAD_FLAG = 0.10
+def context_switches(pid):
+    """Voluntary plus involuntary context switches of every thread of `pid` so far, or None."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as status:
+                for line in status:
+                    if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                        total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
 def summarize(runs):
     """Medians over the valid runs of one side, or None; with the problems of the invalid ones."""
     if not runs:
@@ -203,6 +221,8 @@ def summarize(runs):
         "p50": statistics.median(r["p50"] for r in numbers),
         "p99": statistics.median(r["p99"] for r in numbers),
         "cpu": statistics.median(cpu) if cpu else None,
+        "switches": (statistics.median(r["switches_per_req"] for r in numbers if r.get("switches_per_req") is not None)
+                     if any(r.get("switches_per_req") is not None for r in numbers) else None),
         "socket": [f"run {r['round']}: {r['socket_detail']}" for r in numbers if r.get("socket_errors")],
         "identity_calls": sum(r.get("identity_calls") or 0 for r in numbers) if any("identity_calls" in r for r in numbers) else None,
         "refresh_grants": (sum(r["refresh_grants"] for r in numbers if r.get("refresh_grants") is not None)

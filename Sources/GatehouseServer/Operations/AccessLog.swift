@@ -12,15 +12,17 @@ import Synchronization
 /// every request.
 ///
 /// - The first line of a pass schedules the flush with `EventLoop.execute`: it runs after the
-///   I/O and the tasks already queued, before the loop waits again. An idle gateway writes each
-///   line at once; under load a write carries every line of the pass.
+///   I/O and the tasks already queued, before the loop waits again; but a loop writes at most
+///   once every `writeInterval` (1 ms), so a flush due sooner is scheduled for then. An idle
+///   gateway writes each line at once; under load a write carries the lines of many passes.
 /// - A buffer that reaches `capacity` is written at once.
 /// - The sink is the standard-error sink the other loggers write through, under its lock: a
 ///   batch holds whole lines only and never lands inside another logger's line.
 /// - Off an event loop (a task on Swift's own executor) the line is written at once, alone.
 /// - At shutdown, `flush()` writes what every loop still holds (nothing, once its pass ended).
 ///
-/// What a crash can lose: the lines of the pass each loop was running, at most `capacity`
+/// What a crash can lose: the lines of the pass each loop was running and of the last
+/// millisecond, at most `capacity`
 /// bytes a loop. A SIGTERM loses nothing.
 ///
 /// Lines are written at `info`: a logger above it (`--log-level notice`) writes none.
