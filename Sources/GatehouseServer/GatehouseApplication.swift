@@ -257,16 +257,17 @@ public enum GatehouseApplication {
             }
             await reloader.reload(from: configurationPath)
         }
+        let stopped: Result<Void, any Error>
         do {
             try await lifecycle.run(app, beside: observability, timeout: configuration.server.shutdownTimeout)
+            stopped = .success(())
         } catch {
-            await accessLog.flush()
-            await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
-            throw error
+            stopped = .failure(error)
         }
         // The server has stopped: the lines of its last requests are written before the process ends.
         await accessLog.flush()
         await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
+        try stopped.get()
     }
 
     private static func close(relay backendClients: [HTTPClient], httpClient: HTTPClient, store: OpenedStore) async {

@@ -53,11 +53,7 @@ public final class SingleUseGroupCommit: Sendable {
                 return batch
             }
             guard !batch.isEmpty else { return }
-            // A key twice in one batch (this instance forgot it in between) is a replay the second time.
-            var seen: Set<String> = []
-            var entries: [SingleUseEntry] = []
-            entries.reserveCapacity(batch.count)
-            for item in batch where seen.insert(item.entry.keyHash).inserted { entries.append(item.entry) }
+            let entries = batch.map(\.entry)
             do {
                 let inserted: Set<String>
                 do {
@@ -67,6 +63,7 @@ public final class SingleUseGroupCommit: Sendable {
                     // statement wrote nothing, and a whole batch answering 503 is worth one retry.
                     inserted = try await store.insertEachOnce(kind: kind, entries: entries, now: now())
                 }
+                // A key twice in one batch (this instance forgot it in between) is a replay the second time.
                 var answered: Set<String> = []
                 for item in batch {
                     let fresh = inserted.contains(item.entry.keyHash) && answered.insert(item.entry.keyHash).inserted

@@ -11,8 +11,8 @@ public protocol SingleUseStore: Sendable {
     /// Deletes and returns the live row; `nil` when unknown, used or expired.
     func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data?
     /// `insertOnce` for many keys of one kind with empty values, in one statement (the group
-    /// commit of DPoP proof ids): the key hashes inserted; a key left out was a replay. Keys
-    /// are distinct.
+    /// commit of DPoP proof ids): the key hashes inserted; a key left out was a replay. A key
+    /// given twice is inserted once.
     func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String>
 }
 
@@ -24,6 +24,15 @@ public struct SingleUseEntry: Sendable, Equatable {
     public init(keyHash: String, expiresAt: Date) {
         self.keyHash = keyHash
         self.expiresAt = expiresAt
+    }
+}
+
+extension [SingleUseEntry] {
+    /// The entries without a repeated key (the first of each kept, in order): a statement may
+    /// name a row once.
+    public var distinctKeys: [SingleUseEntry] {
+        var seen: Set<String> = []
+        return filter { seen.insert($0.keyHash).inserted }
     }
 }
 

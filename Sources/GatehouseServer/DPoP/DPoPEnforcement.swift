@@ -143,10 +143,17 @@ struct DPoPEnforcement: Sendable {
         guard proof.thumbprint == boundThumbprint else {
             return refusal(request, error: "invalid_dpop_proof", detail: "The DPoP proof is not by the key the access token is bound to.")
         }
-        switch await spend(proof) {
-        case .fresh: return nil
-        case .replayed: return refusal(request, error: "invalid_dpop_proof", detail: Self.replayedDetail)
-        case .unavailable: return .unavailable(.identityUnavailable(), for: request, retryAfter: 1)
+        return refusal(of: await spend(proof)).map { Self.response($0.problem, headers: $0.headers, for: request) }
+    }
+
+    /// How a request with a bound token is answered when its proof's `jti` is not fresh: a replay
+    /// (401, the challenge), or a store that cannot say (503, `Retry-After: 1`); `nil` when fresh.
+    /// Both relay paths answer with it (the fast path without Hummingbird).
+    func refusal(of use: ProofUse) -> (problem: GatehouseProblem, headers: [(String, String)])? {
+        switch use {
+        case .fresh: nil
+        case .replayed: (.invalidToken(Self.replayedDetail), challenge(error: "invalid_dpop_proof", detail: Self.replayedDetail))
+        case .unavailable: (.identityUnavailable(), [("Retry-After", "1")])
         }
     }
 
@@ -157,18 +164,21 @@ struct DPoPEnforcement: Sendable {
                              lifetime: settings.proofLifetime.inSeconds, nonces: settings.requireNonce ? nonces : nil)
     }
 
-    static let replayedDetail = "The DPoP proof was used before (its jti)."
+    private static let replayedDetail = "The DPoP proof was used before (its jti)."
 
     /// 401 with `WWW-Authenticate: DPoP` (RFC 9449 §7.1), a fresh nonce, and a problem body.
     func refusal(_ request: Request, error: String, detail: String) -> Response {
-        var response = Response.problem(.invalidToken(detail), for: request)
-        for (name, value) in challenge(error: error, detail: detail) { response.headers[HTTPField.Name(name)!] = value }
+        Self.response(.invalidToken(detail), headers: challenge(error: error, detail: detail), for: request)
+    }
+
+    private static func response(_ problem: GatehouseProblem, headers: [(String, String)], for request: Request) -> Response {
+        var response = Response.problem(problem, for: request)
+        for (name, value) in headers { response.headers[HTTPField.Name(name)!] = value }
         return response
     }
 
-    /// The headers of a refusal: `WWW-Authenticate: DPoP` with the error, and a fresh nonce
-    /// (also written by the relay's fast path, which answers without Hummingbird).
-    func challenge(error: String, detail: String) -> [(String, String)] {
+    /// The headers of a refusal: `WWW-Authenticate: DPoP` with the error, and a fresh nonce.
+    private func challenge(error: String, detail: String) -> [(String, String)] {
         [("WWW-Authenticate", #"DPoP error="\#(error)", error_description="\#(detail)", algs="\#(DPoPProof.algorithms.joined(separator: " "))""#),
          ("DPoP-Nonce", nonces.current(now: now()))]
     }

@@ -237,15 +237,10 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         let dpop = proof.dpop
         context.eventLoop.makeFutureWithTask { await dpop.record(proof.spend) }.assumeIsolated().whenSuccess { [weak self] use in
             guard let self, let context = self.context else { return }
-            switch use {
-            case .fresh:
+            if let (problem, headers) = dpop.refusal(of: use) {
+                self.perform(self.machine.refused(problem, headers: headers, exchange: exchange), context: context)
+            } else {
                 self.perform(self.machine.admitted(exchange: exchange), context: context)
-            case .replayed:
-                self.perform(self.machine.refused(.invalidToken(DPoPEnforcement.replayedDetail),
-                                                  headers: dpop.challenge(error: "invalid_dpop_proof", detail: DPoPEnforcement.replayedDetail),
-                                                  exchange: exchange), context: context)
-            case .unavailable:
-                self.perform(self.machine.refused(.identityUnavailable(), headers: [("Retry-After", "1")], exchange: exchange), context: context)
             }
         }
     }
@@ -269,11 +264,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     private func complete(_ completion: Machine.Completion, context: ChannelHandlerContext) {
         let plan = completion.exchange.plan
         let nanoseconds = count(completion.exchange, status: completion.status)
-        if logger.logLevel <= .info {
-            accessLog.record(RequestLine(requestID: plan.requestID, method: plan.head.method.rawValue, path: plan.path,
-                                         status: Int(completion.status), nanoseconds: nanoseconds, relay: .fast,
-                                         clientRequestID: plan.clientRequestID), logger: logger)
-        }
+        accessLog.record(RequestLine(requestID: plan.requestID, method: plan.head.method.rawValue, path: plan.path,
+                                     status: Int(completion.status), nanoseconds: nanoseconds, relay: .fast,
+                                     clientRequestID: plan.clientRequestID), logger: logger)
         guard completion.processesQueue else { return }
         while let action = machine.processNextQueuedPart() {
             perform(action, context: context)

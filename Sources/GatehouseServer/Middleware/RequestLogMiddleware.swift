@@ -79,7 +79,6 @@ struct RequestLogMiddleware<Context: GatehouseRequestContextProtocol>: RouterMid
     }
 
     private func log(_ request: Request, context: Context, status: Int, relayed: Bool, elapsed: Duration) {
-        guard logger.logLevel <= .info else { return }
         let (seconds, attoseconds) = elapsed.components
         let line = RequestLine(requestID: context.requestID, method: request.method.rawValue, path: request.uri.path, status: status,
                                nanoseconds: seconds * 1_000_000_000 + attoseconds / 1_000_000_000, relay: relayed ? .general : nil,

@@ -92,7 +92,7 @@ public final class AccessLog: Sendable {
                 buffer.write(to: sink)
             } else if !buffer.flushScheduled {
                 buffer.flushScheduled = true
-                let flush = {
+                let flush: @Sendable () -> Void = {
                     buffer.flushScheduled = false
                     buffer.write(to: sink)
                 }

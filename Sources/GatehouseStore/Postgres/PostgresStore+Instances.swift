@@ -139,8 +139,7 @@ extension PostgresStore {
         guard !entries.isEmpty else { return [] }
         // In key order, so that two instances writing overlapping batches take their row locks
         // in the same order (in any other, they deadlock).
-        var seen: Set<String> = []
-        let sorted = entries.filter { seen.insert($0.keyHash).inserted }.sorted { $0.keyHash < $1.keyHash }
+        let sorted = entries.distinctKeys.sorted { $0.keyHash < $1.keyHash }
         let keys = sorted.map(\.keyHash)
         let expiries = sorted.map { ms($0.expiresAt) }
         let rows = try await query(

@@ -163,8 +163,7 @@ extension SQLiteAuthorizationStore: InstanceStore, SingleUseStore, Certification
     }
 
     public func insertEachOnce(kind: String, entries: [SingleUseEntry], now: Date) async throws -> Set<String> {
-        var seen: Set<String> = []
-        let entries = entries.filter { seen.insert($0.keyHash).inserted }
+        let entries = entries.distinctKeys
         guard !entries.isEmpty else { return [] }
         var binds: [SQLiteData] = []
         binds.reserveCapacity(entries.count * 3 + 1)
