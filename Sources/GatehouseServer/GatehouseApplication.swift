@@ -63,6 +63,17 @@ public enum GatehouseApplication {
                 })
             }
         }
+        // The public keys Gatehouse authenticates to an upstream with (`private_key_jwt`, a
+        // self-signed client certificate), for upstreams that read a client's keys from its `jwks_uri`.
+        for profile in profiles {
+            guard let path = profile.settings.publishedKeysPath else { continue }
+            let document = profile.settings.publishedKeysDocument
+            endpoints.append(Endpoint(.get, path) { _, _, _ in
+                var response = Response.json(bytes: document)
+                response.headers[.cacheControl] = "public, max-age=300"
+                return response
+            })
+        }
         // Sealed sessions, with a `sessions` section (which a reload never changes), and the app
         // faces of the kinds that keep their people in them.
         if gatehouse.sealedSessions != nil {

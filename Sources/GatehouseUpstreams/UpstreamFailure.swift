@@ -3,6 +3,7 @@ import Foundation
 import GatehouseCore
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 /// Turns what an upstream did into the `OAuthError` the app sees.
 enum UpstreamFailure {
@@ -28,7 +29,31 @@ enum UpstreamFailure {
         if error is NIOTooManyBytesError {
             return .badUpstream("the authorization server's answer is too large")
         }
+        if let reason = tlsFailure(error) {
+            // Not an outage: a certificate one side does not trust, which no retry mends. The
+            // handshake failed before the upstream read a request.
+            return OAuthError.badUpstream("the TLS handshake with the authorization server failed (\(reason)): it refused Gatehouse's "
+                                          + "client certificate, or its own certificate is not trusted (ca_file)").delivered(.unspent)
+        }
         return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
+    }
+
+    /// The reason of a failed TLS handshake (BoringSSL's, such as `TLSV1_ALERT_UNKNOWN_CA` or
+    /// `CERTIFICATE_VERIFY_FAILED`), or `nil` for any other error. A connection closed without
+    /// `close_notify` is a lost connection, not a handshake that failed.
+    static func tlsFailure(_ error: any Error) -> String? {
+        let boring: BoringSSLError
+        switch error {
+        case let error as BoringSSLError: boring = error
+        case NIOSSLError.handshakeFailed(let error): boring = error
+        case let error as NIOSSLError where error != .uncleanShutdown: return "\(error)".prefix(64).description
+        case let error as NIOSSLExtraError: return "\(error)".prefix(64).description
+        default: return nil
+        }
+        // "… error:10000418:SSL routines:OPENSSL_internal:TLSV1_ALERT_UNKNOWN_CA at …/tls_record.cc:491"
+        let text = "\(boring)"
+        guard let range = text.range(of: "OPENSSL_internal:") else { return "handshake refused" }
+        return String(text[range.upperBound...].prefix { $0.isLetter || $0.isNumber || $0 == "_" })
     }
 
     /// An HTTP answer from a token endpoint: tokens, an OAuth error, or something unusable.

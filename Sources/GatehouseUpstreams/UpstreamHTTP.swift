@@ -5,6 +5,7 @@ public import GatehouseCore
 public import Logging
 public import NIOCore
 public import NIOHTTP1
+import NIOSSL
 
 /// Gatehouse's exchanges with one upstream, whatever its kind: token requests with its client
 /// credentials, revocations, and plain reads (discovery, JWKS, userinfo), each bounded by the
@@ -22,6 +23,8 @@ public struct UpstreamHTTP: Sendable {
     let telemetry: UpstreamTelemetry
     let backoff: UpstreamBackoff
     let unknownTokenBackoff: UpstreamBackoff
+    /// `ca_file` and the mutual-TLS client certificate, on every connection to the upstream.
+    let tls: TLSConfiguration?
 
     /// Whom a token request is made for.
     public enum Trust: Sendable {
@@ -50,6 +53,13 @@ public struct UpstreamHTTP: Sendable {
     init(settings: UpstreamSettings, transport: @escaping Transport, logger: Logger, metrics: (any MetricsFactory)? = nil,
          now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
         self.settings = settings
+        do {
+            tls = try settings.tlsConfiguration()
+        } catch {
+            // The configuration loader parsed the same files with NIOSSL: not reached.
+            logger.error("upstream TLS settings unusable", metadata: ["upstream": .string(settings.name)])
+            tls = nil
+        }
         self.transport = transport
         self.logger = logger
         self.telemetry = UpstreamTelemetry(upstream: settings.name, metrics: metrics)
@@ -67,7 +77,7 @@ public struct UpstreamHTTP: Sendable {
             telemetry.rateLimited(.upstream_backoff)
             throw .upstreamUnavailable("the authorization server asked Gatehouse to slow down; retry after \(seconds) s", retryAfter: seconds)
         }
-        let request = settings.authenticatedForm(url: url, parameters)
+        let request = try settings.authenticatedForm(url: url, parameters, audience: settings.assertionAudience(tokenEndpoint: url))
         let (status, headers, data) = try await sendWithHeaders(request, endpoint: endpoint, purpose: purpose)
         if status == 429 {
             let seconds = lane.start(retryAfter: headers.first(name: "Retry-After"))
@@ -104,10 +114,12 @@ public struct UpstreamHTTP: Sendable {
         return try await tokenRequest(url: url, form, endpoint: .refresh, purpose: "refresh")
     }
 
-    /// RFC 7009 revocation, best effort: failures are logged, never thrown.
-    func revoke(url: String, token: String, hint: String) async {
-        let request = settings.authenticatedForm(url: url, [("token", token), ("token_type_hint", hint)])
+    /// RFC 7009 revocation, best effort: failures are logged, never thrown. `tokenEndpoint`: the
+    /// `aud` of a client assertion that names the token endpoint.
+    func revoke(url: String, token: String, hint: String, tokenEndpoint: String) async {
         do {
+            let request = try settings.authenticatedForm(url: url, [("token", token), ("token_type_hint", hint)],
+                                                         audience: settings.assertionAudience(tokenEndpoint: tokenEndpoint))
             let (status, _, _) = try await exchange(request, endpoint: .revoke)
             if status != .ok {
                 logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
@@ -148,6 +160,8 @@ public struct UpstreamHTTP: Sendable {
     /// One request to the upstream and its whole answer, counted and traced as `endpoint`.
     func exchange(_ request: HTTPClientRequest, endpoint: UpstreamEndpoint) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer) {
         let (transport, timeout) = (self.transport, settings.timeout)
+        var request = request
+        if let tls { request.tlsConfiguration = tls }
         return try await telemetry.call(endpoint, request, classify: { (answer: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)) in
             let status = Int(answer.0.code)
             // Only a token endpoint's 400 is read again, for invalid_grant.

@@ -1,29 +1,99 @@
 public import AsyncHTTPClient
-import Foundation
+public import Foundation
 public import GatehouseCore
 import NIOCore
 import NIOHTTP1
+public import NIOSSL
+
+// How Gatehouse proves itself to an upstream, in one place: every request that carries client
+// authentication (token, refresh, revocation, a pushed authorization request) is made by
+// `authenticatedForm`, and every connection to the upstream by `tlsConfiguration`.
 
 extension UpstreamSettings {
-    /// A form POST to one of this upstream's endpoints (token, revocation, introspection)
-    /// carrying Gatehouse's client credentials the way the upstream wants them (RFC 6749 §2.3.1).
-    public func authenticatedForm(url: String, _ parameters: [(String, String)]) -> HTTPClientRequest {
+    /// A form POST to one of this upstream's endpoints carrying Gatehouse's client authentication
+    /// the way `client_auth` says: a secret (RFC 6749 §2.3.1), a signed assertion (RFC 7523 §2.2),
+    /// or, for the mutual-TLS methods, `client_id` alone, the certificate going on the connection
+    /// (RFC 8705 §2). `audience` is the `aud` of an assertion (see `assertionAudience`).
+    public func authenticatedForm(url: String, _ parameters: [(String, String)], audience: String, now: Date = Date())
+        throws(OAuthError) -> HTTPClientRequest
+    {
         var form = parameters
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "Accept", value: "application/json")
+        // A pushed authorization request names the client already.
+        let namesClient = form.contains { $0.0 == "client_id" }
         switch clientAuthentication {
         case .clientSecretBasic:
             // Both parts are form-encoded before they are joined.
             let pair = FormParameters.encode(clientID) + ":" + FormParameters.encode(clientSecret.reveal())
             request.headers.add(name: "Authorization", value: "Basic " + Data(pair.utf8).base64EncodedString())
         case .clientSecretPost:
-            form.append(("client_id", clientID))
+            if !namesClient { form.append(("client_id", clientID)) }
             form.append(("client_secret", clientSecret.reveal()))
+        case .privateKeyJWT:
+            guard let assertion = clientAssertion else { preconditionFailure("private_key_jwt without client_assertion keys") }
+            if !namesClient { form.append(("client_id", clientID)) }
+            form.append(("client_assertion_type", ClientAssertion.type))
+            do {
+                form.append(("client_assertion", try ClientAssertion.sign(clientID: clientID, audience: audience, settings: assertion, now: now)))
+            } catch {
+                // Signing with a key the configuration read cannot fail short of memory; nothing is sent.
+                throw OAuthError.serverError("Gatehouse could not sign its client assertion").delivered(.notUpstream)
+            }
+        case .tlsClientAuth, .selfSignedTLSClientAuth:
+            if !namesClient { form.append(("client_id", clientID)) }
         }
-        let body = FormParameters.encode(pairs: form)
-        request.body = .bytes(ByteBuffer(string: body))
+        request.body = .bytes(ByteBuffer(string: FormParameters.encode(pairs: form)))
         return request
+    }
+
+    /// The `aud` of this upstream's client assertions: its issuer (`issuer`, the default; an
+    /// upstream without one, a plain OAuth 2.0 server, is named by its token endpoint), its token
+    /// endpoint, or the URL configured.
+    public func assertionAudience(tokenEndpoint: String) -> String {
+        switch clientAssertion?.audience ?? .issuer {
+        case .issuer: profile.issuerIdentifier ?? tokenEndpoint
+        case .tokenEndpoint: tokenEndpoint
+        case .url(let url): url
+        }
+    }
+
+    /// The TLS settings of every connection to this upstream: its `ca_file` as the only trust
+    /// roots, and the client certificate of the mutual-TLS methods; `nil` when neither is
+    /// configured (the system's roots, no certificate). The configuration was checked when read.
+    public func tlsConfiguration() throws -> TLSConfiguration? {
+        guard trustRootsPEM != nil || clientCertificate != nil else { return nil }
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let pem = trustRootsPEM {
+            tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMBytes(Array(pem.utf8)))
+        }
+        if let certificate = clientCertificate {
+            tls.certificateChain = try NIOSSLCertificate.fromPEMBytes(Array(certificate.certificatePEM.utf8)).map { .certificate($0) }
+            tls.privateKey = .privateKey(try NIOSSLPrivateKey(bytes: Array(certificate.keyPEM.reveal().utf8), format: .pem))
+        }
+        return tls
+    }
+}
+
+/// A `private_key_jwt` client assertion (RFC 7523 §3, OpenID Connect Core §9): `iss` and `sub` the
+/// client id, `aud` the upstream, a fresh `jti`, `iat` now and a short `exp`, signed by the first key.
+enum ClientAssertion {
+    static let type = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
+    static func sign(clientID: String, audience: String, settings: ClientAssertionSettings, now: Date) throws -> String {
+        let key = settings.keys[0]
+        let issuedAt = Int(now.timeIntervalSince1970)
+        let header: [String: Any] = ["alg": key.algorithm.rawValue, "kid": key.keyID, "typ": "JWT"]
+        let claims: [String: Any] = [
+            "iss": clientID, "sub": clientID, "aud": audience, "jti": SecureToken.generate(),
+            "iat": issuedAt, "exp": issuedAt + Int(settings.lifetime.components.seconds),
+        ]
+        func segment(_ object: [String: Any]) throws -> String {
+            Base64URL.encode(try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]))
+        }
+        let input = try segment(header) + "." + segment(claims)
+        return input + "." + Base64URL.encode(try key.sign(Data(input.utf8)))
     }
 }

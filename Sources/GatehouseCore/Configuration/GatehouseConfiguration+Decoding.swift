@@ -89,7 +89,8 @@ extension GatehouseConfiguration {
         }
         var servedBy: [String: String] = [:]
         for upstream in upstreams.values.sorted(by: { $0.name < $1.name }) {
-            for (key, path) in upstream.profile.servedPaths {
+            let published = upstream.publishedKeysPath.map { [(key: "client_auth", path: $0)] } ?? []
+            for (key, path) in upstream.profile.servedPaths + published {
                 let at = (upstreamPaths[upstream.name] ?? "upstreams") + "." + key
                 if let other = servedBy.updateValue(upstream.name, forKey: path) {
                     reader.report(at, root, "'\(path)' is served for the upstream '\(other)' already")
@@ -237,16 +238,32 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("kind"), map.value("kind"), "must be one of: \(kinds.keys.sorted().joined(separator: ", "))")
         }
         let clientID = map.string("client_id", required: true)
+        let authentication = map.choice("client_auth", default: kind?.defaultClientAuthentication ?? .clientSecretBasic)
+        if !authentication.usesSecret, let kind, !kind.acceptsKeyCredentials {
+            map.reader.report(map.childPath("client_auth"), map.value("client_auth"),
+                              "a \(kindName) upstream authenticates with client_secret_basic or client_secret_post")
+        }
         let secret: Secret?
         if kind?.usesClientSecret == false {
             for key in ["client_secret", "client_secret_env", "client_secret_file"] where map.refused(key) != nil {
                 map.reader.report(map.childPath(key), map.refused(key), "a \(kindName) upstream has no client secret")
             }
             secret = Secret("")
+        } else if !authentication.usesSecret {
+            for key in ["client_secret", "client_secret_env", "client_secret_file"] where map.refused(key) != nil {
+                map.reader.report(map.childPath(key), map.refused(key),
+                                  "a secret and a key for the same upstream: \(authentication.rawValue) sends no secret, so remove \(key)")
+            }
+            secret = Secret("")
         } else {
             secret = decodeSecret(in: map, secrets: secrets)
         }
-        let authentication = map.choice("client_auth", default: kind?.defaultClientAuthentication ?? .clientSecretBasic)
+        let credentials = decodeClientCredentials(map, authentication: authentication, secrets: secrets)
+        let pushed = map.choice("pushed_authorization_requests", default: PushedAuthorizationPolicy.auto)
+        if map.value("pushed_authorization_requests") != nil, let kind, !kind.acceptsKeyCredentials {
+            map.reader.report(map.childPath("pushed_authorization_requests"), map.value("pushed_authorization_requests"),
+                              "a \(kindName) upstream takes no pushed authorization requests")
+        }
         let scopes = map.stringList("scopes") ?? kind?.defaultScopes ?? []
         let timeout = map.duration("timeout", in: .milliseconds(10)...(.seconds(120)))
         var identity = map.mapping("identity").flatMap(decodeIdentity) ?? kind?.defaultIdentity
@@ -267,10 +284,19 @@ extension GatehouseConfiguration {
         let policy = map.choice("refresh_token_policy", default: RefreshTokenPolicy.singleUse)
         let profile = kind?.decode(map, scopes)
         map.finish()
-        guard let name, let clientID, let secret, let profile else { return nil }
-        return UpstreamSettings(
+        guard let name, let clientID, let secret, let profile, let credentials else { return nil }
+        var settings = UpstreamSettings(
             name: name, kind: kindName, clientID: clientID, clientSecret: secret, clientAuthentication: authentication,
             scopes: scopes, identity: identity, timeout: timeout ?? .seconds(10), refreshTokenPolicy: policy, profile: profile)
+        settings.clientAssertion = credentials.assertion
+        settings.clientCertificate = credentials.certificate
+        settings.trustRootsPEM = credentials.trustRoots
+        settings.pushedAuthorization = pushed
+        if settings.publishedKeysPath != nil, !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) {
+            map.reader.report(map.childPath("name"), map.value("name"),
+                              "must be letters, digits, '-', '.' or '_': its keys are published at /upstreams/<name>/jwks.json")
+        }
+        return settings
     }
 
     private static func decodeClient(_ map: MappingReader, upstreams: [String: UpstreamSettings], names: Set<String>,
@@ -479,12 +505,16 @@ public struct UpstreamKindDecoder: Sendable {
     public var usesClientSecret: Bool
     /// Whether an upstream without `kind:` is of this kind (one kind at most says so).
     public var isDefault: Bool
+    /// Whether the kind may authenticate with a key instead of a secret (`private_key_jwt`, the
+    /// two mutual-TLS methods) and push its authorization requests (RFC 9126).
+    public var acceptsKeyCredentials = false
 
     public init(defaultScopes: [String] = [], defaultIdentity: IdentitySettings? = nil, keepsIdentity: Bool = false,
                 defaultClientAuthentication: ClientAuthentication = .clientSecretBasic, usesClientSecret: Bool = true,
-                isDefault: Bool = false,
+                isDefault: Bool = false, acceptsKeyCredentials: Bool = false,
                 decode: @escaping @Sendable (_ map: MappingReader, _ scopes: [String]) -> (any UpstreamProfileSettings)?) {
         self.isDefault = isDefault
+        self.acceptsKeyCredentials = acceptsKeyCredentials
         self.defaultClientAuthentication = defaultClientAuthentication
         self.usesClientSecret = usesClientSecret
         self.decode = decode

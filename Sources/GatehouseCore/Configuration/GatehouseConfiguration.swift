@@ -158,6 +158,12 @@ public enum ClientAuthentication: String, Sendable, CaseIterable {
     case clientSecretBasic = "client_secret_basic"
     /// `client_id` and `client_secret` in the form body (RFC 6749 §2.3.1).
     case clientSecretPost = "client_secret_post"
+    /// A JWT signed with Gatehouse's key (`client_assertion`, RFC 7523 §2.2, OpenID Connect Core §9).
+    case privateKeyJWT = "private_key_jwt"
+    /// A client certificate a CA the upstream trusts issued, on the TLS connection (RFC 8705 §2.1).
+    case tlsClientAuth = "tls_client_auth"
+    /// A self-signed client certificate registered with the upstream, on the TLS connection (RFC 8705 §2.2).
+    case selfSignedTLSClientAuth = "self_signed_tls_client_auth"
 }
 
 /// What one kind of upstream needs beyond the settings every upstream has: its endpoints,
@@ -176,6 +182,8 @@ public protocol UpstreamProfileSettings: Sendable {
     /// Path prefixes the kind's own endpoints are served under (`app_api.path`), with their YAML key:
     /// no two upstreams may share one, and no relayed route may cover one.
     var servedPaths: [(key: String, path: String)] { get }
+    /// The upstream's issuer identifier, when it has one: the default `aud` of client assertions.
+    var issuerIdentifier: String? { get }
 }
 
 extension UpstreamProfileSettings {
@@ -183,6 +191,7 @@ extension UpstreamProfileSettings {
     public var mintedTokens: MintedTokenVerification? { nil }
     public var namedClients: [(key: String, clientID: String)] { [] }
     public var servedPaths: [(key: String, path: String)] { [] }
+    public var issuerIdentifier: String? { nil }
 }
 
 /// The keys, issuer and audience of access tokens Gatehouse mints (RS256 JWTs): the relay
@@ -220,6 +229,15 @@ public struct UpstreamSettings: Sendable {
     public var refreshTokenPolicy: RefreshTokenPolicy
     /// The kind's own settings (endpoints, discovery, presets).
     public var profile: any UpstreamProfileSettings
+    /// `private_key_jwt`'s keys and claims (`client_assertion`).
+    public var clientAssertion: ClientAssertionSettings?
+    /// `tls_client_auth`'s or `self_signed_tls_client_auth`'s certificate (`client_certificate`).
+    public var clientCertificate: ClientCertificate?
+    /// `ca_file`'s content: the certificates the upstream's TLS certificate is checked against
+    /// instead of the system's roots (a private CA).
+    public var trustRootsPEM: String?
+    /// Whether the authorization request is pushed first (RFC 9126).
+    public var pushedAuthorization: PushedAuthorizationPolicy = .auto
 
     public init(name: String, kind: String, clientID: String, clientSecret: Secret,
                 clientAuthentication: ClientAuthentication = .clientSecretBasic, scopes: [String] = [],
@@ -239,6 +257,38 @@ public struct UpstreamSettings: Sendable {
 }
 
 extension UpstreamSettings {
+    /// Where Gatehouse publishes the public keys it authenticates to this upstream with (the
+    /// `private_key_jwt` keys, or the self-signed certificate), for an upstream that reads them
+    /// from a `jwks_uri`; `nil` when it authenticates with nothing public.
+    public var publishedKeysPath: String? {
+        switch clientAuthentication {
+        case .privateKeyJWT, .selfSignedTLSClientAuth: "/upstreams/\(name)/jwks.json"
+        default: nil
+        }
+    }
+
+    /// The keys published at `publishedKeysPath`: public members only (a certificate's without its `x5c`).
+    public var publishedKeys: [[String: String]] {
+        switch clientAuthentication {
+        case .privateKeyJWT: clientAssertion?.keys.map(\.publicJWK) ?? []
+        case .selfSignedTLSClientAuth: clientCertificate.map { [$0.publicJWK] } ?? []
+        default: []
+        }
+    }
+
+    /// The JWK Set document published at `publishedKeysPath` (RFC 7517 §5), a self-signed
+    /// certificate's JWK with its `x5c`.
+    public var publishedKeysDocument: Data {
+        let keys: [[String: Any]] = publishedKeys.map { jwk in
+            guard clientAuthentication == .selfSignedTLSClientAuth, let certificate = clientCertificate else { return jwk }
+            var withChain: [String: Any] = jwk
+            withChain["x5c"] = [certificate.certificateBase64]
+            return withChain
+        }
+        // Strings and arrays of strings only: always serialisable.
+        return (try? JSONSerialization.data(withJSONObject: ["keys": keys], options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
+    }
+
     /// How long one instance may hold the right to refresh a token: three timeouts and 2 s, at
     /// least 3 s, well past its longest refresh (retries start within the timeout and the last
     /// attempt may take a whole one: under two timeouts). Another instance takes over only once it

@@ -5,6 +5,7 @@ public import GatehouseCore
 import GatehouseUpstreams
 import NIOCore
 import NIOHTTP1
+public import NIOSSL
 
 /// The calls to one identity service: at most `identity_concurrency` in flight and as many
 /// waiting their turn; beyond that a call fails at once with `IdentityUnavailable(.overloaded)`,
@@ -24,8 +25,11 @@ struct IdentityHTTP: Sendable {
     let transport: Transport
     private let spanName: String
 
-    init(upstream: String, timeout: Duration, concurrency: Int, client: HTTPClient) {
-        self.init(upstream: upstream, timeout: timeout, limit: ConcurrencyLimit(limit: concurrency), transport: Self.transport(over: client))
+    /// `tls`: the upstream's `ca_file` and mutual-TLS certificate, on every call (a token the
+    /// upstream bound to the certificate is only accepted with it, RFC 8705 §3).
+    init(upstream: String, timeout: Duration, concurrency: Int, client: HTTPClient, tls: TLSConfiguration? = nil) {
+        self.init(upstream: upstream, timeout: timeout, limit: ConcurrencyLimit(limit: concurrency),
+                  transport: Self.transport(over: client, tls: tls))
     }
 
     /// - Parameter metrics: `nil` counts in the process's metrics; tests hand in their own factory.
@@ -70,8 +74,10 @@ struct IdentityHTTP: Sendable {
         }
     }
 
-    static func transport(over client: HTTPClient) -> Transport {
+    static func transport(over client: HTTPClient, tls: TLSConfiguration? = nil) -> Transport {
         { request, timeout in
+            var request = request
+            if let tls { request.tlsConfiguration = tls }
             let response = try await client.execute(request, timeout: .nanoseconds(timeout.inNanoseconds))
             let body = try await response.body.collect(upTo: maximumResponseBytes)
             return (Int(response.status.code), Data(body.readableBytesView))

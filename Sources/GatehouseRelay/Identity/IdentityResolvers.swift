@@ -1,5 +1,6 @@
 public import AsyncHTTPClient
 public import GatehouseCore
+import GatehouseUpstreams
 
 extension GatehouseConfiguration {
     /// One resolver per upstream that has an `identity:` section; those that call a service per
@@ -9,13 +10,16 @@ extension GatehouseConfiguration {
         var resolvers: [String: any IdentityResolver] = [:]
         for (name, upstream) in upstreams {
             guard let identity = upstream.identity else { continue }
+            // The upstream's ca_file and client certificate go to its identity service too (the
+            // configuration loader parsed them with NIOSSL already).
+            let tls = try? upstream.tlsConfiguration()
             switch identity.kind {
             case .personalInformation:
-                resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
+                resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency, tls: tls)
             case .introspection:
                 resolvers[name] = IntrospectionResolver(settings: identity, upstream: upstream, client: client, concurrency: concurrency)
             case .userinfo:
-                resolvers[name] = UserinfoResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
+                resolvers[name] = UserinfoResolver(settings: identity, upstream: name, client: client, concurrency: concurrency, tls: tls)
             case .jwt:
                 // Validated here: no call per token, only key set fetches.
                 resolvers[name] = JWTResolver(settings: identity, upstream: name, client: client)

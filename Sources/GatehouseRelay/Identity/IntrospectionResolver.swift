@@ -11,11 +11,14 @@ public struct IntrospectionResolver: IdentityResolver {
     let upstream: UpstreamSettings
     let http: IdentityHTTP
     let extraction: IdentityExtraction
+    /// The `aud` of a `private_key_jwt` assertion: the upstream's issuer when it has one.
+    let assertionAudience: String
 
     /// - Parameter concurrency: calls in flight at most toward the endpoint (`identity_concurrency`).
     public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient, concurrency: Int) {
         self.init(settings: settings, upstream: upstream,
-                  http: IdentityHTTP(upstream: upstream.name, timeout: settings.timeout, concurrency: concurrency, client: client))
+                  http: IdentityHTTP(upstream: upstream.name, timeout: settings.timeout, concurrency: concurrency, client: client,
+                                     tls: try? upstream.tlsConfiguration()))
     }
 
     init(settings: IdentitySettings, upstream: UpstreamSettings, http: IdentityHTTP) {
@@ -23,10 +26,17 @@ public struct IntrospectionResolver: IdentityResolver {
         self.upstream = upstream
         self.http = http
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub", "/username"])
+        self.assertionAudience = upstream.assertionAudience(tokenEndpoint: settings.url)
     }
 
     public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
-        let request = upstream.authenticatedForm(url: settings.url, [("token", token), ("token_type_hint", "access_token")])
+        let request: HTTPClientRequest
+        do throws(OAuthError) {
+            request = try upstream.authenticatedForm(url: settings.url, [("token", token), ("token_type_hint", "access_token")],
+                                                     audience: assertionAudience)
+        } catch {
+            throw IdentityUnavailable(.badResponse, error.detail)
+        }
         let (status, body) = try await http.send(request)
         guard status == 200 else {
             // The introspection endpoint refusing Gatehouse says nothing about the app's token.

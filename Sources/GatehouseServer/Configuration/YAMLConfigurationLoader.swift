@@ -69,11 +69,20 @@ public enum YAMLConfigurationLoader {
             guard let pem = route.backendTrustRootsPEM else { return false }
             return ((try? NIOSSLCertificate.fromPEMBytes(Array(pem.utf8))) ?? []).isEmpty
         }
-        if !unreadable.isEmpty {
-            throw ConfigErrors(problems: unreadable.map { index, _ in
-                ConfigProblem(path: "routes[\(index)].backend_ca_file", line: 0, message: "holds no certificate that can be read (a truncated or damaged PEM?)")
-            })
+        var problems = unreadable.map { index, _ in
+            ConfigProblem(path: "routes[\(index)].backend_ca_file", line: 0, message: "holds no certificate that can be read (a truncated or damaged PEM?)")
         }
+        // An upstream's ca_file and client certificate were read by the decoder; NIOSSL, which
+        // presents and checks them, must read them too.
+        for upstream in configuration.upstreams.values.sorted(by: { $0.name < $1.name }) {
+            do {
+                _ = try upstream.tlsConfiguration()
+            } catch {
+                problems.append(ConfigProblem(path: "upstreams", line: 0, message:
+                    "the ca_file or client_certificate of '\(upstream.name)' cannot be read by the TLS library (a damaged PEM?)"))
+            }
+        }
+        if !problems.isEmpty { throw ConfigErrors(problems: problems) }
         if configuration.store.sqlitePath != ":memory:" {
             configuration.store.sqlitePath = resolve(configuration.store.sqlitePath, against: baseDirectory).path
         }

@@ -76,9 +76,10 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     private func send(_ url: String, _ form: [(String, String)], clientAddress: String?, purpose: String) async throws(InAppRefusal) -> Answer {
         var form = form
         if auth0, http.settings.clientAuthentication == .clientSecretBasic { form.append(("client_id", http.settings.clientID)) }
-        var request = http.settings.authenticatedForm(url: url, form)
-        if auth0, let clientAddress { request.headers.add(name: "auth0-forwarded-for", value: clientAddress) }
         do throws(OAuthError) {
+            var request = try http.settings.authenticatedForm(
+                url: url, form, audience: http.settings.assertionAudience(tokenEndpoint: oauth2.tokenEndpoint))
+            if auth0, let clientAddress { request.headers.add(name: "auth0-forwarded-for", value: clientAddress) }
             return try await http.sendWithHeaders(request, endpoint: .token, purpose: purpose)
         } catch {
             throw InAppRefusal(error)

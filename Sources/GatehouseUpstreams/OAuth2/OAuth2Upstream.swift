@@ -16,6 +16,9 @@ public struct OAuth2Settings: UpstreamProfileSettings {
     public var passwordGrant: OAuth2PasswordGrant = .off
     /// Where Auth0's second factor is challenged (`/mfa/challenge` beside `/oauth/token` unless configured).
     public var mfaChallengeEndpoint: String?
+    /// RFC 9126: where authorization requests are pushed (`pushed_authorization_requests: auto`
+    /// pushes them whenever this is configured; `never` does not).
+    public var pushedAuthorizationRequestEndpoint: String?
 
     public init(authorizationEndpoint: String, tokenEndpoint: String, revocationEndpoint: String? = nil, pkce: Bool = false) {
         self.authorizationEndpoint = authorizationEndpoint
@@ -25,8 +28,8 @@ public struct OAuth2Settings: UpstreamProfileSettings {
     }
 }
 
-/// The `oauth2` profile: a plain OAuth 2.0 server that requires a client secret
-/// (`client_secret_basic` or `client_secret_post`) and may burn refresh tokens after one use.
+/// The `oauth2` profile: a plain OAuth 2.0 server that requires client authentication (a secret,
+/// a signed assertion or a client certificate) and may burn refresh tokens after one use.
 public struct OAuth2Upstream: UpstreamProfile {
     public let settings: UpstreamSettings
     public let oauth2: OAuth2Settings
@@ -47,7 +50,7 @@ public struct OAuth2Upstream: UpstreamProfile {
     }
 
     static let kind = UpstreamRegistry.Kind(
-        decoder: UpstreamKindDecoder(isDefault: true) { map, _ in
+        decoder: UpstreamKindDecoder(isDefault: true, acceptsKeyCredentials: true) { map, _ in
             let authorize = GatehouseConfiguration.endpoint("authorization_endpoint", in: map)
             let token = GatehouseConfiguration.endpoint("token_endpoint", in: map)
             let revocation = map.value("revocation_endpoint") == nil ? nil : GatehouseConfiguration.endpoint("revocation_endpoint", in: map)
@@ -58,10 +61,17 @@ public struct OAuth2Upstream: UpstreamProfile {
                 map.reader.report(map.childPath("mfa_challenge_endpoint"), map.value("mfa_challenge_endpoint"),
                                   "needs password_grant: auth0 (the second factor of Auth0's password grant)")
             }
+            let pushTo = map.value("pushed_authorization_request_endpoint") == nil
+                ? nil : GatehouseConfiguration.endpoint("pushed_authorization_request_endpoint", in: map)
+            if pushTo == nil, map.string("pushed_authorization_requests") == PushedAuthorizationPolicy.always.rawValue {
+                map.reader.report(map.childPath("pushed_authorization_request_endpoint"), map.node,
+                                  "is required with pushed_authorization_requests: always (an oauth2 upstream has no discovery)")
+            }
             guard let authorize, let token else { return nil }
             var settings = OAuth2Settings(authorizationEndpoint: authorize, tokenEndpoint: token, revocationEndpoint: revocation, pkce: pkce)
             settings.passwordGrant = passwordGrant
             settings.mfaChallengeEndpoint = challenge
+            settings.pushedAuthorizationRequestEndpoint = pushTo
             return settings
         },
         make: { OAuth2Upstream(settings: $0, httpClient: $1, logger: $2) })
@@ -73,7 +83,10 @@ public struct OAuth2Upstream: UpstreamProfile {
         ]
         if !start.scopes.isEmpty { parameters.append(("scope", start.scopes.joined(separator: " "))) }
         if oauth2.pkce { parameters += start.pkceParameters(remembering: &memo) }
-        return AuthorizationBegun(url: RedirectURI.appending(parameters, to: oauth2.authorizationEndpoint), memo: memo)
+        let pushTo = settings.pushedAuthorization == .never ? nil : oauth2.pushedAuthorizationRequestEndpoint
+        let url = try await http.authorizationURL(endpoint: oauth2.authorizationEndpoint, parameters: parameters, pushTo: pushTo,
+                                                  tokenEndpoint: oauth2.tokenEndpoint)
+        return AuthorizationBegun(url: url, memo: memo)
     }
 
     public func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
@@ -89,7 +102,7 @@ public struct OAuth2Upstream: UpstreamProfile {
 
     public func revoke(_ token: String, hint: String) async {
         guard let endpoint = oauth2.revocationEndpoint else { return }
-        await http.revoke(url: endpoint, token: token, hint: hint)
+        await http.revoke(url: endpoint, token: token, hint: hint, tokenEndpoint: oauth2.tokenEndpoint)
     }
 
     public var inAppSignIn: (any InAppSignInSteps)? {

@@ -41,6 +41,8 @@ public struct OIDCSettings: UpstreamProfileSettings {
 
     /// Where discovery is read.
     public var discoveryURL: String { issuer + "/.well-known/openid-configuration" }
+
+    public var issuerIdentifier: String? { issuer }
 }
 
 /// An OpenID Provider's endpoints (OpenID Connect Discovery 1.0 §3).
@@ -54,6 +56,12 @@ public struct OIDCEndpoints: Sendable, Equatable {
     /// The provider says it puts `iss` on every authorization response (RFC 9207 §3): then an
     /// answer without one is refused.
     public var sendsResponseIssuer = false
+    /// RFC 9126 §5: where authorization requests are pushed, and whether the provider takes no other.
+    public var pushedAuthorizationRequest: String?
+    public var requiresPushedAuthorization = false
+    /// The token endpoint as the provider names it, whatever `token` is (a mutual-TLS alias): the
+    /// `aud` of client assertions that name the token endpoint.
+    public var tokenAudience: String
 
     public init(authorization: String, token: String, userinfo: String? = nil, jwks: String? = nil, endSession: String? = nil,
                 revocation: String? = nil) {
@@ -63,10 +71,13 @@ public struct OIDCEndpoints: Sendable, Equatable {
         self.jwks = jwks
         self.endSession = endSession
         self.revocation = revocation
+        self.tokenAudience = token
     }
 
     /// Reads a discovery document, which must name `issuer` exactly (OpenID Connect Discovery §4.3).
-    static func discovered(from body: Data, issuer: String) throws(OAuthError) -> OIDCEndpoints {
+    /// With `mutualTLS`, the endpoints Gatehouse authenticates to with its certificate are the
+    /// document's `mtls_endpoint_aliases` where it names them (RFC 8705 §5).
+    static func discovered(from body: Data, issuer: String, mutualTLS: Bool = false) throws(OAuthError) -> OIDCEndpoints {
         guard let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] else {
             throw .badUpstream("the upstream's discovery document is not a JSON object")
         }
@@ -76,18 +87,24 @@ public struct OIDCEndpoints: Sendable, Equatable {
         // An https issuer's endpoints are https too: a document cannot send Gatehouse's client
         // secret to a plain-http (loopback) listener.
         let secure = issuer.hasPrefix("https://")
-        func endpoint(_ name: String) -> String? {
-            guard let text = object[name] as? String, GatehouseConfiguration.problemWithEndpoint(text) == nil,
+        let aliases = mutualTLS ? object["mtls_endpoint_aliases"] as? [String: Any] : nil
+        func endpoint(_ name: String, aliased: Bool = false) -> String? {
+            let named = aliased ? (aliases?[name] ?? object[name]) : object[name]
+            guard let text = named as? String, GatehouseConfiguration.problemWithEndpoint(text) == nil,
                   !secure || text.hasPrefix("https://") else { return nil }
             return text
         }
-        guard let authorization = endpoint("authorization_endpoint"), let token = endpoint("token_endpoint") else {
+        guard let authorization = endpoint("authorization_endpoint"), let token = endpoint("token_endpoint", aliased: true),
+              let tokenAudience = endpoint("token_endpoint") else {
             throw .badUpstream("the upstream's discovery document lacks a usable authorization or token endpoint")
         }
-        var endpoints = OIDCEndpoints(authorization: authorization, token: token, userinfo: endpoint("userinfo_endpoint"),
+        var endpoints = OIDCEndpoints(authorization: authorization, token: token, userinfo: endpoint("userinfo_endpoint", aliased: true),
                                       jwks: endpoint("jwks_uri"), endSession: endpoint("end_session_endpoint"),
-                                      revocation: endpoint("revocation_endpoint"))
+                                      revocation: endpoint("revocation_endpoint", aliased: true))
+        endpoints.tokenAudience = tokenAudience
         endpoints.sendsResponseIssuer = object["authorization_response_iss_parameter_supported"] as? Bool == true
+        endpoints.pushedAuthorizationRequest = endpoint("pushed_authorization_request_endpoint", aliased: true)
+        endpoints.requiresPushedAuthorization = object["require_pushed_authorization_requests"] as? Bool == true
         return endpoints
     }
 }
@@ -100,6 +117,10 @@ extension OIDCSettings {
             map.reader.report(map.childPath("issuer"), map.value("issuer"), "must not end with '/' (it is compared with iss exactly)")
         }
         let algorithm = map.choice("id_token_signing_alg", default: JWSAlgorithm.rs256)
+        if algorithm == .hs256, let method = map.string("client_auth"), !(ClientAuthentication(rawValue: method)?.usesSecret ?? true) {
+            map.reader.report(map.childPath("id_token_signing_alg"), map.value("id_token_signing_alg"),
+                              "HS256 ID tokens are keyed with the client secret, and client_auth \(method) has none")
+        }
         let pkce = map.bool("pkce") ?? true
         let userinfo = map.bool("userinfo") ?? true
         let acr = map.string("acr_values")

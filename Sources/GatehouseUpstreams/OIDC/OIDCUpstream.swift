@@ -19,11 +19,12 @@ public struct OIDCUpstream: UpstreamProfile {
         self.logger = logger
         let http = UpstreamHTTP(settings: settings, httpClient: httpClient, logger: logger)
         self.http = http
-        self.provider = OIDCProviderState(settings: oidc, http: http, fetcher: http.keySetFetcher())
+        self.provider = OIDCProviderState(settings: oidc, mutualTLS: settings.clientAuthentication.usesCertificate, http: http,
+                                          fetcher: http.keySetFetcher())
     }
 
     static let kind = UpstreamRegistry.Kind(
-        decoder: UpstreamKindDecoder(defaultScopes: ["openid"], keepsIdentity: true) { map, scopes in
+        decoder: UpstreamKindDecoder(defaultScopes: ["openid"], keepsIdentity: true, acceptsKeyCredentials: true) { map, scopes in
             OIDCSettings.decode(map, scopes: scopes)
         },
         make: { settings, client, logger in
@@ -44,7 +45,23 @@ public struct OIDCUpstream: UpstreamProfile {
         if let acr = oidc.acrValues { parameters.append(("acr_values", acr)) }
         parameters += oidc.extraAuthorizationParameters
         if oidc.pkce { parameters += start.pkceParameters(remembering: &memo) }
-        return AuthorizationBegun(url: RedirectURI.appending(parameters, to: endpoints.authorization), memo: memo)
+        let url = try await http.authorizationURL(endpoint: endpoints.authorization, parameters: parameters,
+                                                  pushTo: try pushedAuthorizationEndpoint(endpoints), tokenEndpoint: endpoints.tokenAudience)
+        return AuthorizationBegun(url: url, memo: memo)
+    }
+
+    /// Where this sign-in's authorization request is pushed (RFC 9126), if it is: when the provider
+    /// requires it (`auto`), always, or never, as `pushed_authorization_requests` says.
+    private func pushedAuthorizationEndpoint(_ endpoints: OIDCEndpoints) throws(OAuthError) -> String? {
+        switch settings.pushedAuthorization {
+        case .never: return nil
+        case .auto where !endpoints.requiresPushedAuthorization: return nil
+        case .auto, .always:
+            guard let url = endpoints.pushedAuthorizationRequest else {
+                throw .badUpstream("the upstream's discovery document names no usable pushed_authorization_request_endpoint")
+            }
+            return url
+        }
     }
 
     public func completeAuthorization(code: String, redirectURI: String, memo: UpstreamMemo, appCodeVerifier: String?)
@@ -123,7 +140,7 @@ public struct OIDCUpstream: UpstreamProfile {
 
     public func revoke(_ token: String, hint: String) async {
         guard let endpoints = try? await provider.endpoints(), let url = endpoints.revocation else { return }
-        await http.revoke(url: url, token: token, hint: hint)
+        await http.revoke(url: url, token: token, hint: hint, tokenEndpoint: endpoints.tokenAudience)
     }
 
     public func endSessionURL(idToken: String, state: String, postLogoutRedirectURI: String) async throws(OAuthError) -> String? {
@@ -169,6 +186,8 @@ public struct OIDCUpstream: UpstreamProfile {
 /// was fetched once stays in use if a later fetch fails.
 actor OIDCProviderState {
     private let settings: OIDCSettings
+    /// Whether Gatehouse authenticates with a client certificate, and so uses `mtls_endpoint_aliases`.
+    private let mutualTLS: Bool
     private let http: UpstreamHTTP
     private let fetcher: @Sendable (String) async throws -> (status: Int, body: Data)
     private var discovered: (endpoints: OIDCEndpoints, at: ContinuousClock.Instant)?
@@ -176,8 +195,10 @@ actor OIDCProviderState {
     /// How long a discovery document is used before it is read again.
     static let discoveryLifetime: Duration = .seconds(3600)
 
-    init(settings: OIDCSettings, http: UpstreamHTTP, fetcher: @escaping @Sendable (String) async throws -> (status: Int, body: Data)) {
+    init(settings: OIDCSettings, mutualTLS: Bool = false, http: UpstreamHTTP,
+         fetcher: @escaping @Sendable (String) async throws -> (status: Int, body: Data)) {
         self.settings = settings
+        self.mutualTLS = mutualTLS
         self.http = http
         self.fetcher = fetcher
     }
@@ -196,7 +217,7 @@ actor OIDCProviderState {
                         : .badUpstream("the upstream's discovery document answered HTTP \(answer.status)")
                     continue
                 }
-                let endpoints = try OIDCEndpoints.discovered(from: answer.body, issuer: settings.issuer)
+                let endpoints = try OIDCEndpoints.discovered(from: answer.body, issuer: settings.issuer, mutualTLS: mutualTLS)
                 discovered = (endpoints, .now)
                 return endpoints
             } catch {

@@ -17,6 +17,8 @@ public enum UpstreamEndpoint: String, Sendable, CaseIterable {
     case discovery
     /// A central sign-in provider's signed server-to-server API.
     case s2s
+    /// A pushed authorization request (RFC 9126).
+    case par
 
     /// `upstream <endpoint>`: a constant, so a call formats nothing when tracing is off.
     public var spanName: String {
@@ -29,6 +31,7 @@ public enum UpstreamEndpoint: String, Sendable, CaseIterable {
         case .userinfo: "upstream userinfo"
         case .discovery: "upstream discovery"
         case .s2s: "upstream s2s"
+        case .par: "upstream par"
         }
     }
 
