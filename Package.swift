@@ -205,7 +205,7 @@ let package = Package(
         .testTarget(
             name: "GatehouseRelayTests",
             dependencies: [
-                "GatehouseRelay", "GatehouseCore", .product(name: "NIOHTTP1", package: "swift-nio"),
+                "GatehouseRelay", "GatehouseCore", "GatehouseUpstreams", .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],

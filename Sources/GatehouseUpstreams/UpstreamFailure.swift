@@ -9,6 +9,7 @@ import NIOSSL
 enum UpstreamFailure {
     /// A transport failure: no answer at all, or not in time.
     static func classify(_ error: any Error, upstream: String) -> OAuthError {
+        if let error = error as? OAuthError { return error }  // Gatehouse's own refusal, nothing sent
         if let error = error as? HTTPClientError {
             switch error {
             case .deadlineExceeded, .readTimeout, .writeTimeout:
@@ -29,29 +30,47 @@ enum UpstreamFailure {
         if error is NIOTooManyBytesError {
             return .badUpstream("the authorization server's answer is too large")
         }
-        if let reason = tlsFailure(error) {
-            // Not an outage: a certificate one side does not trust, which no retry mends. The
-            // handshake failed before the upstream read a request.
-            return OAuthError.badUpstream("the TLS handshake with the authorization server failed (\(reason)): it refused Gatehouse's "
-                                          + "client certificate, or its own certificate is not trusted (ca_file)").delivered(.unspent)
+        if let failure = tlsFailure(error) {
+            // Not an outage: a certificate one side does not trust, which no retry mends.
+            return OAuthError.badUpstream("the TLS handshake with the authorization server failed (\(failure.reason))\(failure.hint)")
+                .delivered(failure.beforeRequest ? .unspent : .unknown)
         }
         return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
     }
 
-    /// The reason of a failed TLS handshake (BoringSSL's, such as `TLSV1_ALERT_UNKNOWN_CA` or
-    /// `CERTIFICATE_VERIFY_FAILED`), or `nil` for any other error. A connection closed without
-    /// `close_notify` is a lost connection, not a handshake that failed.
-    static func tlsFailure(_ error: any Error) -> String? {
-        let boring: BoringSSLError
+    /// A TLS failure: BoringSSL's reason (such as `TLSV1_ALERT_UNKNOWN_CA` or
+    /// `CERTIFICATE_VERIFY_FAILED`), what it likely means, and whether it ended the handshake (so
+    /// no request was read). `nil` for any other error; a connection closed without
+    /// `close_notify` is a lost connection, not a failed handshake.
+    static func tlsFailure(_ error: any Error) -> (reason: String, hint: String, beforeRequest: Bool)? {
+        let reason: String
+        let beforeRequest: Bool
         switch error {
-        case let error as BoringSSLError: boring = error
-        case NIOSSLError.handshakeFailed(let error): boring = error
-        case let error as NIOSSLError where error != .uncleanShutdown: return "\(error)".prefix(64).description
-        case let error as NIOSSLExtraError: return "\(error)".prefix(64).description
-        default: return nil
+        case NIOSSLError.handshakeFailed(let boring):
+            (reason, beforeRequest) = (Self.reason(of: boring), true)
+        case let error as NIOSSLExtraError where error == .failedToValidateHostname:
+            return ("the certificate does not name the host", "", true)
+        case let boring as BoringSSLError:
+            // An alert read after the handshake (TLS 1.3 sends the client-certificate refusal then):
+            // the request may have been written, never read.
+            (reason, beforeRequest) = (Self.reason(of: boring), false)
+        case let error as NIOSSLError where error != .uncleanShutdown:
+            (reason, beforeRequest) = (String("\(error)".prefix(64)), false)
+        default:
+            return nil
         }
-        // "… error:10000418:SSL routines:OPENSSL_internal:TLSV1_ALERT_UNKNOWN_CA at …/tls_record.cc:491"
-        let text = "\(boring)"
+        let hint = switch reason {
+        case "CERTIFICATE_VERIFY_FAILED": ": its certificate is not trusted (upstreams[].ca_file adds a private CA)"
+        case _ where reason.hasPrefix("TLSV1_ALERT_") || reason.hasPrefix("SSLV3_ALERT_"):
+            ": it refused the connection, most likely Gatehouse's client certificate (or its absence)"
+        default: ""
+        }
+        return (reason, hint, beforeRequest)
+    }
+
+    /// "… error:10000418:SSL routines:OPENSSL_internal:TLSV1_ALERT_UNKNOWN_CA at …/tls_record.cc:491" → its reason.
+    private static func reason(of error: BoringSSLError) -> String {
+        let text = "\(error)"
         guard let range = text.range(of: "OPENSSL_internal:") else { return "handshake refused" }
         return String(text[range.upperBound...].prefix { $0.isLetter || $0.isNumber || $0 == "_" })
     }

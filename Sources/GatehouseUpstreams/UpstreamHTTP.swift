@@ -23,8 +23,9 @@ public struct UpstreamHTTP: Sendable {
     let telemetry: UpstreamTelemetry
     let backoff: UpstreamBackoff
     let unknownTokenBackoff: UpstreamBackoff
-    /// `ca_file` and the mutual-TLS client certificate, on every connection to the upstream.
-    let tls: TLSConfiguration?
+    /// `ca_file` and the mutual-TLS client certificate, on every connection to the upstream; a
+    /// failure when they cannot be used (fail closed: never the system's roots, never no certificate).
+    let tls: Result<TLSConfiguration?, OAuthError>
 
     /// Whom a token request is made for.
     public enum Trust: Sendable {
@@ -54,11 +55,14 @@ public struct UpstreamHTTP: Sendable {
          now: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
         self.settings = settings
         do {
-            tls = try settings.tlsConfiguration()
+            tls = .success(try settings.tlsConfiguration())
         } catch {
-            // The configuration loader parsed the same files with NIOSSL: not reached.
+            // The configuration loader built the same settings already: not reached.
             logger.error("upstream TLS settings unusable", metadata: ["upstream": .string(settings.name)])
-            tls = nil
+            tls = .failure(OAuthError.badUpstream("Gatehouse's TLS settings toward the authorization server cannot be used").delivered(.notUpstream))
+        }
+        if let certificate = settings.clientCertificate {
+            Self.warnOfValidity(certificate, upstream: settings.name, logger: logger)
         }
         self.transport = transport
         self.logger = logger
@@ -161,7 +165,7 @@ public struct UpstreamHTTP: Sendable {
     func exchange(_ request: HTTPClientRequest, endpoint: UpstreamEndpoint) async throws -> (HTTPResponseStatus, HTTPHeaders, ByteBuffer) {
         let (transport, timeout) = (self.transport, settings.timeout)
         var request = request
-        if let tls { request.tlsConfiguration = tls }
+        if let tls = try tls.get() { request.tlsConfiguration = tls }
         return try await telemetry.call(endpoint, request, classify: { (answer: (HTTPResponseStatus, HTTPHeaders, ByteBuffer)) in
             let status = Int(answer.0.code)
             // Only a token endpoint's 400 is read again, for invalid_grant.
@@ -170,6 +174,18 @@ public struct UpstreamHTTP: Sendable {
         }, send: { request in
             try await transport(request, timeout)
         })
+    }
+
+    /// A client certificate the upstream will refuse, said at start: not yet valid, expired, or
+    /// expiring within 14 days.
+    static func warnOfValidity(_ certificate: ClientCertificate, upstream: String, logger: Logger, now: Date = Date()) {
+        let state = certificate.notValidBefore > now ? "is not valid yet"
+            : certificate.notValidAfter <= now ? "has expired"
+            : certificate.notValidAfter.timeIntervalSince(now) < 14 * 86400 ? "expires within 14 days" : nil
+        guard let state else { return }
+        logger.warning("upstream client certificate \(state)", metadata: [
+            "upstream": .string(upstream), "not_valid_after": .string(ISO8601DateFormatter().string(from: certificate.notValidAfter)),
+        ])
     }
 
     /// The `JWKSCache` fetch of this upstream's key set: `GET url` accepting JSON, counted as `jwks`.

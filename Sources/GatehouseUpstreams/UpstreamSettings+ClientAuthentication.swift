@@ -33,10 +33,11 @@ extension UpstreamSettings {
             if !namesClient { form.append(("client_id", clientID)) }
             form.append(("client_secret", clientSecret.reveal()))
         case .privateKeyJWT:
-            guard let assertion = clientAssertion else { preconditionFailure("private_key_jwt without client_assertion keys") }
             if !namesClient { form.append(("client_id", clientID)) }
             form.append(("client_assertion_type", ClientAssertion.type))
             do {
+                // The configuration decoder never makes private_key_jwt settings without keys.
+                guard let assertion = clientAssertion else { throw ClientAssertion.NoKey() }
                 form.append(("client_assertion", try ClientAssertion.sign(clientID: clientID, audience: audience, settings: assertion, now: now)))
             } catch {
                 // Signing with a key the configuration read cannot fail short of memory; nothing is sent.
@@ -60,14 +61,16 @@ extension UpstreamSettings {
         }
     }
 
-    /// The TLS settings of every connection to this upstream: its `ca_file` as the only trust
-    /// roots, and the client certificate of the mutual-TLS methods; `nil` when neither is
-    /// configured (the system's roots, no certificate). The configuration was checked when read.
+    /// The TLS settings of every connection to this upstream: its `ca_file` trusted besides the
+    /// system's roots (so a host of the upstream's with a public certificate, a CDN serving its keys,
+    /// still verifies), and the client certificate of the mutual-TLS methods; `nil` when neither
+    /// is configured. The configuration loader builds it once, so a file NIOSSL cannot read is a
+    /// configuration problem.
     public func tlsConfiguration() throws -> TLSConfiguration? {
         guard trustRootsPEM != nil || clientCertificate != nil else { return nil }
         var tls = TLSConfiguration.makeClientConfiguration()
         if let pem = trustRootsPEM {
-            tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMBytes(Array(pem.utf8)))
+            tls.additionalTrustRoots = [.certificates(try NIOSSLCertificate.fromPEMBytes(Array(pem.utf8)))]
         }
         if let certificate = clientCertificate {
             tls.certificateChain = try NIOSSLCertificate.fromPEMBytes(Array(certificate.certificatePEM.utf8)).map { .certificate($0) }
@@ -81,6 +84,8 @@ extension UpstreamSettings {
 /// client id, `aud` the upstream, a fresh `jti`, `iat` now and a short `exp`, signed by the first key.
 enum ClientAssertion {
     static let type = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
+    struct NoKey: Error {}
 
     static func sign(clientID: String, audience: String, settings: ClientAssertionSettings, now: Date) throws -> String {
         let key = settings.keys[0]

@@ -532,7 +532,8 @@ def test_par_never_against_an_upstream_that_requires_it_fails_clearly(setup):
     assert authorize and authorize[0]["pushed"] is False and authorize[0]["error"] == "invalid_request", authorize
     assert not entries(log, "token", "gatehouse-par-never")
     gatehouse_alive(setup)
-    print("PAR never, against a PAR-requiring upstream, the app was told:", told)
+    # The upstream's own refusal, relayed to the app with Gatehouse's state.
+    assert told["redirect"]["error"] == "invalid_request", told
 
 
 # --- refusals -------------------------------------------------------------------------------------

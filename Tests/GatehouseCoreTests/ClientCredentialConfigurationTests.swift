@@ -85,7 +85,6 @@ struct ClientCredentialConfigurationTests {
         ("client.pem", nil, "holds no PEM private key"),
         ("rsa-1024.pem", nil, "is a 1024-bit RSA key"),
         ("p384.pem", nil, "holds no PEM private key"),
-        ("client-key.pem", "RS256", "is a P-256 key, which signs ES256 only"),
         ("rsa-2048.pem", "ES256", "is an RSA key, which signs RS256 or PS256"),
     ] as [(String, String?, String)])
     func aKeyThatCannotSignIsAProblemAtItsPath(file: String, algorithm: String?, message: String) {
@@ -97,19 +96,49 @@ struct ClientCredentialConfigurationTests {
         #expect(problems.first?.contains(message) == true, "\(problems)")
     }
 
-    @Test func theSameKeyTwiceAndAnAudienceThatIsNoURLAreProblems() {
+    @Test func theSameKeyTwiceAKidForSeveralKeysAndAnAudienceThatIsNoURLAreProblems() {
         let problems = Self.problems(Self.document([
             ("client_auth", Self.s("private_key_jwt")),
-            Self.assertion([("keys", Self.list([Self.file("client-key.pem"), Self.file("client-key.pem")])), ("audience", Self.s("the issuer"))]),
+            Self.assertion([("keys", Self.list([Self.file("client-key.pem"), Self.file("client-combined.pem")])), ("kid", Self.s("k1")),
+                            ("audience", Self.s("the issuer"))]),
         ]))
         #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.keys[1]: is the same key as another") }, "\(problems)")
+        #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.kid: applies to a single key") }, "\(problems)")
         #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.audience: must be issuer, token_endpoint or a URL") }, "\(problems)")
+    }
+
+    @Test func aKidNamesASingleKeyAndAnRSAAlgorithmLeavesAP256KeyOnES256() throws {
+        let single = try GatehouseConfiguration.decode(Self.document([
+            ("client_auth", Self.s("private_key_jwt")), Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("kid", Self.s("k1"))]),
+        ]), secrets: Self.secrets)
+        let key = try #require(single.upstreams["modern"]?.clientAssertion?.keys.first)
+        #expect(key.keyID == "k1" && key.thumbprint != "k1" && key.publicJWK["kid"] == "k1")
+        // A rotation from an EC key to a PS256 RSA key: each signs what it can.
+        let mixed = try GatehouseConfiguration.decode(Self.document([
+            ("client_auth", Self.s("private_key_jwt")),
+            Self.assertion([("keys", Self.list([Self.file("ec-with-parameters.pem"), Self.file("rsa-2048.pem")])), ("algorithm", Self.s("PS256"))]),
+        ]), secrets: Self.secrets)
+        #expect(mixed.upstreams["modern"]?.clientAssertion?.keys.map(\.algorithm) == [.es256, .ps256])
+    }
+
+    @Test func introspectionCannotNameADiscoveredTokenEndpoint() {
+        let identity: (String, ConfigNode) = ("identity", Self.m([("kind", Self.s("introspection")), ("url", Self.s("https://id.example.com/introspect"))]))
+        let problems = Self.problems(Self.document([
+            ("client_auth", Self.s("private_key_jwt")), identity,
+            Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("audience", Self.s("token_endpoint"))]),
+        ]))
+        #expect(problems.count == 1 && problems[0].hasPrefix("upstreams[0].client_assertion.audience: token_endpoint is discovered"), "\(problems)")
+        // An oauth2 upstream names its token endpoint: nothing to discover.
+        #expect(Self.problems(Self.document(kind: "oauth2", [
+            ("client_auth", Self.s("private_key_jwt")), identity,
+            Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("audience", Self.s("token_endpoint"))]),
+        ])).isEmpty)
     }
 
     @Test(arguments: [
         ("client.pem", "client-key.pem", nil),
+        ("client-combined.pem", "client-combined.pem", nil),
         ("client.pem", "other-key.pem", "upstreams[0].client_certificate.key: "),
-        ("expired.pem", "expired-key.pem", "upstreams[0].client_certificate.certificate: "),
         ("client-key.pem", "client-key.pem", "upstreams[0].client_certificate.certificate: "),
         ("client.pem", "missing.pem", "upstreams[0].client_certificate.key: "),
     ] as [(String, String, String?)])
@@ -132,6 +161,17 @@ struct ClientCredentialConfigurationTests {
             return
         }
         #expect(problems.count == 1 && problems[0].hasPrefix(problem), "\(problems)")
+    }
+
+    /// An expired certificate stops its upstream (which refuses it), not the gateway: it is read,
+    /// and `UpstreamHTTP` warns of it at start.
+    @Test func anExpiredCertificateIsReadWithItsValidity() throws {
+        let configuration = try GatehouseConfiguration.decode(Self.document([
+            ("client_auth", Self.s("tls_client_auth")),
+            ("client_certificate", Self.m([("certificate", Self.s(Self.file("expired.pem"))), ("key", Self.s(Self.file("expired-key.pem")))])),
+        ]), secrets: Self.secrets)
+        let certificate = try #require(configuration.upstreams["modern"]?.clientCertificate)
+        #expect(certificate.notValidAfter < Date(timeIntervalSince1970: 1_640_995_200))  // before 2022
     }
 
     @Test func kindsThatSpeakNoKeysRefuseThemAndHS256NeedsASecret() {

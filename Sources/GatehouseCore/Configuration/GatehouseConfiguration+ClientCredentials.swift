@@ -34,6 +34,11 @@ extension GatehouseConfiguration {
             }
             credentials.certificate = decodeClientCertificate(certificate, secrets: secrets)
             usable = usable && credentials.certificate != nil
+            if authentication == .selfSignedTLSClientAuth, let client = credentials.certificate, client.publicJWK == nil {
+                map.reader.report(certificate.childPath("certificate"), certificate.value("certificate"),
+                                  "holds a certificate whose key is neither RSA, P-256 nor P-384: it cannot be published for self_signed_tls_client_auth")
+                usable = false
+            }
         } else if authentication.usesCertificate {
             map.reader.report(map.childPath("client_certificate"), map.node,
                               "is required with client_auth: \(authentication.rawValue) (certificate and key: PEM files)")
@@ -56,27 +61,32 @@ extension GatehouseConfiguration {
     private static func decodeClientAssertion(_ map: MappingReader, secrets: SecretLookup) -> ClientAssertionSettings? {
         let algorithm = map.value("algorithm") == nil ? nil : map.choice("algorithm", default: ClientAssertionAlgorithm.rs256)
         let keyID = map.string("kid")
-        var keys: [ClientAssertionKey] = []
         let items = map.list("keys", required: true) ?? []
-        for (index, item) in items.enumerated() {
+        if keyID != nil, items.count > 1 {
+            // A kid follows its key, not a place in the list: rotating would give the new key the old one's kid.
+            map.reader.report(map.childPath("kid"), map.value("kid"), "applies to a single key: with several, each is named by its RFC 7638 thumbprint")
+        }
+        var keys: [ClientAssertionKey] = []
+        var thumbprints: Set<String> = []
+        for item in items {
             guard let path = map.reader.string(item.node, at: item.path) else { continue }
             guard let pem = try? secrets.readFile(path) else {
                 map.reader.report(item.path, item.node, "cannot read the file \(path)")
                 continue
             }
             do throws(ClientCredentialError) {
-                // A configured kid names the signing key; the others keep their thumbprints.
-                keys.append(try ClientAssertionKey(pem: pem, algorithm: algorithm, keyID: index == 0 ? keyID : nil))
+                let key = try ClientAssertionKey(pem: pem, algorithm: algorithm, keyID: items.count == 1 ? keyID : nil)
+                if thumbprints.insert(key.thumbprint).inserted {
+                    keys.append(key)
+                } else {
+                    map.reader.report(item.path, item.node, "is the same key as another in keys (thumbprint \(key.thumbprint))")
+                }
             } catch {
                 map.reader.report(item.path, item.node, "\(path) \(error.message)")
             }
         }
         if map.value("keys") != nil, items.isEmpty {
             map.reader.report(map.childPath("keys"), map.value("keys"), "must list at least one key file (the first signs)")
-        }
-        var seen: Set<String> = []
-        for (key, item) in zip(keys, items) where !seen.insert(key.keyID).inserted {
-            map.reader.report(item.path, item.node, "is the same key as another in keys (kid \(key.keyID))")
         }
         let audience: ClientAssertionAudience
         switch map.string("audience") {

@@ -292,9 +292,15 @@ extension GatehouseConfiguration {
         settings.clientCertificate = credentials.certificate
         settings.trustRootsPEM = credentials.trustRoots
         settings.pushedAuthorization = pushed
-        if settings.publishedKeysPath != nil, !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) {
+        if identity?.kind == .introspection, settings.clientAssertion?.audience == .tokenEndpoint, profile.configuredTokenEndpoint == nil {
+            // The relay introspects without the discovery document the token endpoint is read from.
+            map.reader.report(map.childPath("client_assertion.audience"), map.value("client_assertion"),
+                              "token_endpoint is discovered, and introspection assertions need it before: write the token endpoint's URL")
+        }
+        if settings.publishedKeysPath != nil,
+           !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) || name.allSatisfy({ $0 == "." }) {
             map.reader.report(map.childPath("name"), map.value("name"),
-                              "must be letters, digits, '-', '.' or '_': its keys are published at /upstreams/<name>/jwks.json")
+                              "must be letters, digits, '-', '.' or '_', and not dots alone: its keys are published at /upstreams/<name>/jwks.json")
         }
         return settings
     }

@@ -184,6 +184,9 @@ public protocol UpstreamProfileSettings: Sendable {
     var servedPaths: [(key: String, path: String)] { get }
     /// The upstream's issuer identifier, when it has one: the default `aud` of client assertions.
     var issuerIdentifier: String? { get }
+    /// The token endpoint when the configuration names it (not discovered): the `aud` of client
+    /// assertions sent elsewhere (introspection) when `audience: token_endpoint`.
+    var configuredTokenEndpoint: String? { get }
 }
 
 extension UpstreamProfileSettings {
@@ -192,6 +195,7 @@ extension UpstreamProfileSettings {
     public var namedClients: [(key: String, clientID: String)] { [] }
     public var servedPaths: [(key: String, path: String)] { [] }
     public var issuerIdentifier: String? { nil }
+    public var configuredTokenEndpoint: String? { nil }
 }
 
 /// The keys, issuer and audience of access tokens Gatehouse mints (RS256 JWTs): the relay
@@ -271,7 +275,7 @@ extension UpstreamSettings {
     public var publishedKeys: [[String: String]] {
         switch clientAuthentication {
         case .privateKeyJWT: clientAssertion?.keys.map(\.publicJWK) ?? []
-        case .selfSignedTLSClientAuth: clientCertificate.map { [$0.publicJWK] } ?? []
+        case .selfSignedTLSClientAuth: clientCertificate?.publicJWK.map { [$0] } ?? []
         default: []
         }
     }

@@ -61,30 +61,33 @@ public struct ClientAssertionKey: Sendable {
     public let algorithm: ClientAssertionAlgorithm
     /// The JWS `kid`: configured, or the RFC 7638 thumbprint of the public key.
     public let keyID: String
+    /// The RFC 7638 thumbprint of the public key, whatever `keyID` is.
+    public let thumbprint: String
     /// The public key as a JWK (`kty`, `use`, `alg`, `kid` and its public parameters only).
     public let publicJWK: [String: String]
 
-    /// Reads a PEM private key (PKCS#8, SEC 1 or PKCS#1). `algorithm` defaults to the key's own:
-    /// RS256 for RSA, ES256 for P-256. Throws a sentence for the configuration problem.
+    /// Reads a PEM private key (PKCS#8, SEC 1 or PKCS#1; other blocks in the file, such as
+    /// `EC PARAMETERS` or a certificate, are skipped). A P-256 key signs ES256; an RSA key signs
+    /// `algorithm` (RS256 or PS256; RS256 when `nil`). Throws a sentence for the configuration problem.
     public init(pem: String, algorithm: ClientAssertionAlgorithm?, keyID: String?) throws(ClientCredentialError) {
+        let pem = Self.privateKeyBlock(in: pem) ?? pem
         if let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) {
-            guard algorithm == nil || algorithm == .es256 else {
-                throw ClientCredentialError("is a P-256 key, which signs ES256 only, not \(algorithm!.rawValue)")
-            }
             self.key = .p256(key)
             self.algorithm = .es256
         } else if let key = try? _RSA.Signing.PrivateKey(unsafePEMRepresentation: pem) {
             guard key.keySizeInBits >= 2048 else {
                 throw ClientCredentialError("is a \(key.keySizeInBits)-bit RSA key: at least 2048 bits are required (RFC 7518 §3.3)")
             }
-            guard algorithm != .es256 else { throw ClientCredentialError("is an RSA key, which signs RS256 or PS256, not ES256") }
+            guard algorithm != .es256 else { throw ClientCredentialError("is an RSA key, which signs RS256 or PS256 (algorithm), not ES256") }
             self.key = .rsa(key)
             self.algorithm = algorithm ?? .rs256
         } else {
             throw ClientCredentialError("holds no PEM private key that can be read (an RSA key of 2048 bits or more, or a P-256 key)")
         }
-        var jwk = Self.publicParameters(of: key)
-        let thumbprint = Self.thumbprint(of: jwk)
+        guard var jwk = Self.publicParameters(of: self.key) else {
+            throw ClientCredentialError("holds an RSA key whose public parameters cannot be read")
+        }
+        thumbprint = Self.thumbprint(of: jwk)
         self.keyID = keyID ?? thumbprint
         jwk["kid"] = self.keyID
         jwk["use"] = "sig"
@@ -105,16 +108,26 @@ public struct ClientAssertionKey: Sendable {
     }
 
     /// The required public members of the key's JWK (RFC 7518 §6.2.1, §6.3.1).
-    private static func publicParameters(of key: Private) -> [String: String] {
+    private static func publicParameters(of key: Private) -> [String: String]? {
         switch key {
         case .p256(let key):
-            let point = key.publicKey.x963Representation  // 0x04 || x || y
-            return ["kty": "EC", "crv": "P-256", "x": Base64URL.encode(point.dropFirst().prefix(32)), "y": Base64URL.encode(point.suffix(32))]
+            return ecParameters(curve: "P-256", point: key.publicKey.x963Representation)
         case .rsa(let key):
-            // An RSA key read from PEM always has its primitives.
-            let primitives = try! key.publicKey.getKeyPrimitives()
+            guard let primitives = try? key.publicKey.getKeyPrimitives() else { return nil }
             return ["kty": "RSA", "n": Base64URL.encode(primitives.modulus), "e": Base64URL.encode(primitives.publicExponent)]
         }
+    }
+
+    /// An EC public key's JWK members from its uncompressed point (`0x04 || x || y`).
+    static func ecParameters(curve: String, point: Data) -> [String: String] {
+        let size = (point.count - 1) / 2
+        return ["kty": "EC", "crv": curve, "x": Base64URL.encode(point.dropFirst().prefix(size)), "y": Base64URL.encode(point.suffix(size))]
+    }
+
+    /// The private-key block of a PEM file that may hold others (`EC PARAMETERS`, certificates).
+    static func privateKeyBlock(in pem: String) -> String? {
+        guard let documents = try? PEMDocument.parseMultiple(pemString: pem) else { return nil }
+        return documents.first { ["PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"].contains($0.discriminator) }?.pemString
     }
 
     /// RFC 7638 §3: the SHA-256 of the required members, in lexical order, no white space.
@@ -131,44 +144,46 @@ public struct ClientCertificate: Sendable {
     /// The PEM certificates, the client's first.
     public let certificatePEM: String
     public let keyPEM: Secret
-    /// The client certificate's public key as a JWK; published with `x5c` (RFC 8705 §2.2: how a
-    /// self-signed certificate is registered) for upstreams that read it from a `jwks_uri`.
-    public let publicJWK: [String: String]
+    /// The client certificate's public key as a JWK (RSA, P-256 or P-384; `nil` for another key);
+    /// published with `x5c` (RFC 8705 §2.2: how a self-signed certificate is registered) for
+    /// upstreams that read it from a `jwks_uri`.
+    public let publicJWK: [String: String]?
     /// The client certificate, base64 DER: the `x5c` of its JWK (RFC 7517 §4.7).
     public let certificateBase64: String
-    /// The certificate's expiry.
+    /// The certificate's validity: outside it the upstream refuses it, which Gatehouse warns of
+    /// (`UpstreamHTTP`) rather than refusing to start: an expired certificate stops one upstream,
+    /// not every app of the gateway.
+    public let notValidBefore: Date
     public let notValidAfter: Date
 
-    /// Checks that the certificate parses, is in date, and that the key is its key.
-    public init(certificatePEM: String, keyPEM: String, now: Date = Date()) throws(ClientCertificateError) {
+    /// Checks that the certificate parses and that the key is its key (other blocks in either file,
+    /// such as `EC PARAMETERS`, are skipped: a file holding both may be given twice).
+    public init(certificatePEM: String, keyPEM: String) throws(ClientCertificateError) {
         let documents = (try? PEMDocument.parseMultiple(pemString: certificatePEM)) ?? []
         guard let first = documents.first(where: { $0.discriminator == "CERTIFICATE" }),
               let certificate = try? Certificate(derEncoded: first.derBytes) else {
             throw .certificate("holds no PEM certificate that can be read")
         }
-        guard certificate.notValidAfter > now else {
-            throw .certificate("holds a certificate that expired on \(ISO8601DateFormatter().string(from: certificate.notValidAfter))")
-        }
-        guard let key = try? Certificate.PrivateKey(pemEncoded: keyPEM) else {
+        guard let block = ClientAssertionKey.privateKeyBlock(in: keyPEM), let key = try? Certificate.PrivateKey(pemEncoded: block) else {
             throw .key("holds no PEM private key that can be read (PKCS#8, SEC 1 or PKCS#1)")
         }
         guard key.publicKey == certificate.publicKey else {
             throw .key("is not the key of the certificate in client_certificate.certificate")
         }
-        var jwk: [String: String]
+        var jwk: [String: String]?
         if let ec = P256.Signing.PublicKey(certificate.publicKey) {
-            let point = ec.x963Representation
-            jwk = ["kty": "EC", "crv": "P-256", "x": Base64URL.encode(point.dropFirst().prefix(32)), "y": Base64URL.encode(point.suffix(32))]
+            jwk = ClientAssertionKey.ecParameters(curve: "P-256", point: ec.x963Representation)
+        } else if let ec = P384.Signing.PublicKey(certificate.publicKey) {
+            jwk = ClientAssertionKey.ecParameters(curve: "P-384", point: ec.x963Representation)
         } else if let rsa = _RSA.Signing.PublicKey(certificate.publicKey), let primitives = try? rsa.getKeyPrimitives() {
             jwk = ["kty": "RSA", "n": Base64URL.encode(primitives.modulus), "e": Base64URL.encode(primitives.publicExponent)]
-        } else {
-            throw .certificate("holds a certificate whose key is neither RSA nor P-256")
         }
-        jwk["kid"] = ClientAssertionKey.thumbprint(of: jwk)
+        if let members = jwk { jwk?["kid"] = ClientAssertionKey.thumbprint(of: members) }
         self.publicJWK = jwk
         self.certificateBase64 = Data(first.derBytes).base64EncodedString()
         self.certificatePEM = certificatePEM
         self.keyPEM = Secret(keyPEM)
+        self.notValidBefore = certificate.notValidBefore
         self.notValidAfter = certificate.notValidAfter
     }
 }

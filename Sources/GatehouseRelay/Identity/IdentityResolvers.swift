@@ -10,12 +10,14 @@ extension GatehouseConfiguration {
         var resolvers: [String: any IdentityResolver] = [:]
         for (name, upstream) in upstreams {
             guard let identity = upstream.identity else { continue }
-            // The upstream's ca_file and client certificate go to its identity service too (the
-            // configuration loader parsed them with NIOSSL already).
+            // The upstream's ca_file and client certificate go to the identity endpoints that are its
+            // own (introspection, userinfo: RFC 8705 §3, a certificate-bound token is only accepted
+            // with its certificate), not to a separate identity service. The configuration loader
+            // built them once already.
             let tls = try? upstream.tlsConfiguration()
             switch identity.kind {
             case .personalInformation:
-                resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency, tls: tls)
+                resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
             case .introspection:
                 resolvers[name] = IntrospectionResolver(settings: identity, upstream: upstream, client: client, concurrency: concurrency)
             case .userinfo:

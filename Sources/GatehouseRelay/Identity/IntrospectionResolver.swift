@@ -26,7 +26,7 @@ public struct IntrospectionResolver: IdentityResolver {
         self.upstream = upstream
         self.http = http
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub", "/username"])
-        self.assertionAudience = upstream.assertionAudience(tokenEndpoint: settings.url)
+        self.assertionAudience = upstream.assertionAudience(tokenEndpoint: upstream.profile.configuredTokenEndpoint ?? settings.url)
     }
 
     public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {

@@ -1,5 +1,4 @@
 public import AsyncHTTPClient
-public import NIOSSL
 import Foundation
 import NIOHTTP1
 public import GatehouseCore
@@ -16,9 +15,8 @@ public struct PersonalInformationResolver: IdentityResolver {
     /// - Parameters:
     ///   - upstream: the upstream whose identity service this is (metrics, spans).
     ///   - concurrency: calls in flight at most toward the service (`identity_concurrency`).
-    public init(settings: IdentitySettings, upstream: String, client: HTTPClient, concurrency: Int, tls: TLSConfiguration? = nil) {
-        self.init(settings: settings,
-                  http: IdentityHTTP(upstream: upstream, timeout: settings.timeout, concurrency: concurrency, client: client, tls: tls))
+    public init(settings: IdentitySettings, upstream: String, client: HTTPClient, concurrency: Int) {
+        self.init(settings: settings, http: IdentityHTTP(upstream: upstream, timeout: settings.timeout, concurrency: concurrency, client: client))
     }
 
     init(settings: IdentitySettings, http: IdentityHTTP) {

@@ -20,6 +20,8 @@ public struct OAuth2Settings: UpstreamProfileSettings {
     /// pushes them whenever this is configured; `never` does not).
     public var pushedAuthorizationRequestEndpoint: String?
 
+    public var configuredTokenEndpoint: String? { tokenEndpoint }
+
     public init(authorizationEndpoint: String, tokenEndpoint: String, revocationEndpoint: String? = nil, pkce: Bool = false) {
         self.authorizationEndpoint = authorizationEndpoint
         self.tokenEndpoint = tokenEndpoint

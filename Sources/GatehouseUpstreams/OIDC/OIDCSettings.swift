@@ -43,6 +43,8 @@ public struct OIDCSettings: UpstreamProfileSettings {
     public var discoveryURL: String { issuer + "/.well-known/openid-configuration" }
 
     public var issuerIdentifier: String? { issuer }
+
+    public var configuredTokenEndpoint: String? { endpoints?.token }
 }
 
 /// An OpenID Provider's endpoints (OpenID Connect Discovery 1.0 §3).
