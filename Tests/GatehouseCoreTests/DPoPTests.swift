@@ -40,7 +40,7 @@ struct DPoPTests {
     @Test func aGoodProofGivesTheKeysThumbprint() throws {
         let signer = Signer()
         let verified = try verify(signer.proof(token: "ghd_x"), token: "ghd_x")
-        #expect(verified.thumbprint == DPoPProof.thumbprint(ofJWK: signer.jwk))
+        #expect(verified.thumbprint == JSONWebKey.thumbprint(of: signer.jwk))
         // Scheme and host in any case, the default port, no query: the same URI (RFC 9449 §4.3 point 9).
         _ = try verify(signer.proof(url: "HTTPS://Gatehouse.Example.com:443/api/orders"))
         _ = try verify(signer.proof(), url: Self.url + "?page=2")
@@ -52,7 +52,7 @@ struct DPoPTests {
             "kty": "RSA", "e": "AQAB", "alg": "RS256", "kid": "2011-04-29",
             "n": "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw",
         ]
-        #expect(DPoPProof.thumbprint(ofJWK: jwk) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+        #expect(JSONWebKey.thumbprint(of: jwk) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
     }
 
     /// The words of the refusal each check gives: a test that only expected *an* error would

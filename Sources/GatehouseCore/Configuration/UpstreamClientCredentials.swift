@@ -1,5 +1,5 @@
 import _CryptoExtras
-public import Crypto
+import Crypto
 public import Foundation
 import SwiftASN1
 import X509
@@ -84,10 +84,10 @@ public struct ClientAssertionKey: Sendable {
         } else {
             throw ClientCredentialError("holds no PEM private key that can be read (an RSA key of 2048 bits or more, or a P-256 key)")
         }
-        guard var jwk = Self.publicParameters(of: self.key) else {
+        guard var jwk = Self.publicParameters(of: self.key), let thumbprint = JSONWebKey.thumbprint(of: jwk) else {
             throw ClientCredentialError("holds an RSA key whose public parameters cannot be read")
         }
-        thumbprint = Self.thumbprint(of: jwk)
+        self.thumbprint = thumbprint
         self.keyID = keyID ?? thumbprint
         jwk["kid"] = self.keyID
         jwk["use"] = "sig"
@@ -111,30 +111,17 @@ public struct ClientAssertionKey: Sendable {
     private static func publicParameters(of key: Private) -> [String: String]? {
         switch key {
         case .p256(let key):
-            return ecParameters(curve: "P-256", point: key.publicKey.x963Representation)
+            return JSONWebKey.ecParameters(curve: "P-256", point: key.publicKey.x963Representation)
         case .rsa(let key):
             guard let primitives = try? key.publicKey.getKeyPrimitives() else { return nil }
-            return ["kty": "RSA", "n": Base64URL.encode(primitives.modulus), "e": Base64URL.encode(primitives.publicExponent)]
+            return JSONWebKey.rsaParameters(modulus: primitives.modulus, exponent: primitives.publicExponent)
         }
-    }
-
-    /// An EC public key's JWK members from its uncompressed point (`0x04 || x || y`).
-    static func ecParameters(curve: String, point: Data) -> [String: String] {
-        let size = (point.count - 1) / 2
-        return ["kty": "EC", "crv": curve, "x": Base64URL.encode(point.dropFirst().prefix(size)), "y": Base64URL.encode(point.suffix(size))]
     }
 
     /// The private-key block of a PEM file that may hold others (`EC PARAMETERS`, certificates).
     static func privateKeyBlock(in pem: String) -> String? {
         guard let documents = try? PEMDocument.parseMultiple(pemString: pem) else { return nil }
         return documents.first { ["PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"].contains($0.discriminator) }?.pemString
-    }
-
-    /// RFC 7638 §3: the SHA-256 of the required members, in lexical order, no white space.
-    public static func thumbprint(of jwk: [String: String]) -> String {
-        let required = jwk["kty"] == "EC" ? ["crv", "kty", "x", "y"] : ["e", "kty", "n"]
-        let members = required.map { "\"\($0)\":\"\(jwk[$0] ?? "")\"" }.joined(separator: ",")
-        return Base64URL.encode(SHA256.hash(data: Data(("{" + members + "}").utf8)))
     }
 }
 
@@ -172,13 +159,13 @@ public struct ClientCertificate: Sendable {
         }
         var jwk: [String: String]?
         if let ec = P256.Signing.PublicKey(certificate.publicKey) {
-            jwk = ClientAssertionKey.ecParameters(curve: "P-256", point: ec.x963Representation)
+            jwk = JSONWebKey.ecParameters(curve: "P-256", point: ec.x963Representation)
         } else if let ec = P384.Signing.PublicKey(certificate.publicKey) {
-            jwk = ClientAssertionKey.ecParameters(curve: "P-384", point: ec.x963Representation)
+            jwk = JSONWebKey.ecParameters(curve: "P-384", point: ec.x963Representation)
         } else if let rsa = _RSA.Signing.PublicKey(certificate.publicKey), let primitives = try? rsa.getKeyPrimitives() {
-            jwk = ["kty": "RSA", "n": Base64URL.encode(primitives.modulus), "e": Base64URL.encode(primitives.publicExponent)]
+            jwk = JSONWebKey.rsaParameters(modulus: primitives.modulus, exponent: primitives.publicExponent)
         }
-        if let members = jwk { jwk?["kid"] = ClientAssertionKey.thumbprint(of: members) }
+        if let members = jwk { jwk?["kid"] = JSONWebKey.thumbprint(of: members) }
         self.publicJWK = jwk
         self.certificateBase64 = Data(first.derBytes).base64EncodedString()
         self.certificatePEM = certificatePEM

@@ -1,4 +1,4 @@
-public import Crypto
+import Crypto
 import _CryptoExtras
 public import Foundation
 
@@ -51,7 +51,7 @@ public enum DPoPProof {
         guard !jwk.keys.contains(where: privateMembers.contains) else { throw DPoPProofError("the DPoP proof's jwk holds a private key") }
         let signingInput = Data(proof.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
         try verifySignature(signature, of: signingInput, alg: alg, jwk: jwk)
-        guard let thumbprint = thumbprint(ofJWK: jwk) else { throw DPoPProofError("the DPoP proof's jwk is not a usable public key") }
+        guard let thumbprint = JSONWebKey.thumbprint(of: jwk) else { throw DPoPProofError("the DPoP proof's jwk is not a usable public key") }
 
         guard let jti = claims["jti"] as? String, !jti.isEmpty, jti.utf8.count <= 256 else {
             throw DPoPProofError("the DPoP proof needs a jti of at most 256 characters")
@@ -107,31 +107,6 @@ public enum DPoPProof {
             valid = false
         }
         guard valid else { throw DPoPProofError("the DPoP proof's signature is not valid") }
-    }
-
-    /// The RFC 7638 thumbprint of a public JWK: SHA-256 of its required members, in order, as
-    /// compact JSON; `nil` for a key type Gatehouse does not take.
-    public static func thumbprint(ofJWK jwk: [String: Any]) -> String? {
-        func member(_ name: String) -> String? {
-            guard let value = jwk[name] as? String, value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") })
-            else { return nil }
-            return value
-        }
-        let canonical: String
-        switch jwk["kty"] as? String {
-        case "EC":
-            guard let crv = member("crv"), let x = member("x"), let y = member("y") else { return nil }
-            canonical = #"{"crv":"\#(crv)","kty":"EC","x":"\#(x)","y":"\#(y)"}"#
-        case "RSA":
-            guard let e = member("e"), let n = member("n") else { return nil }
-            canonical = #"{"e":"\#(e)","kty":"RSA","n":"\#(n)"}"#
-        case "OKP":
-            guard let crv = member("crv"), let x = member("x") else { return nil }
-            canonical = #"{"crv":"\#(crv)","kty":"OKP","x":"\#(x)"}"#
-        default:
-            return nil
-        }
-        return Base64URL.encode(SHA256.hash(data: Data(canonical.utf8)))
     }
 
     /// `scheme://host[:port]/path` with scheme and host in lower case, the default port dropped,

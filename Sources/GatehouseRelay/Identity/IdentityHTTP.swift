@@ -5,7 +5,7 @@ public import GatehouseCore
 import GatehouseUpstreams
 import NIOCore
 import NIOHTTP1
-public import NIOSSL
+import NIOSSL
 
 /// The calls to one identity service: at most `identity_concurrency` in flight and as many
 /// waiting their turn; beyond that a call fails at once with `IdentityUnavailable(.overloaded)`,

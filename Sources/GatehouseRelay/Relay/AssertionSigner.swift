@@ -36,11 +36,12 @@ public struct AssertionSigner: Sendable {
         var jwks: [[String: String]] = []
         for key in signingKeys {
             guard let parameters = key.publicKey.parameters else { throw AssertionSignerError() }
+            var jwk = ["kty": "EC", "crv": "P-256", "x": parameters.x, "y": parameters.y]
             // RFC 7638 thumbprint of the public key as its kid, so every instance sharing the key agrees.
-            let canonical = #"{"crv":"P-256","kty":"EC","x":"\#(parameters.x)","y":"\#(parameters.y)"}"#
-            let kid = SecureToken.hash(canonical)
+            guard let kid = JSONWebKey.thumbprint(of: jwk) else { throw AssertionSignerError() }
             await keys.add(ecdsa: key, kid: JWKIdentifier(string: kid))
-            jwks.append(["kty": "EC", "crv": "P-256", "x": parameters.x, "y": parameters.y, "kid": kid, "alg": "ES256", "use": "sig"])
+            jwk.merge(["kid": kid, "alg": "ES256", "use": "sig"]) { $1 }
+            jwks.append(jwk)
         }
         guard let first = jwks.first?["kid"] else { throw AssertionSignerError() }
         self.keyID = first

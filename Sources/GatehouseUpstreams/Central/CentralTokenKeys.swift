@@ -29,10 +29,10 @@ public struct CentralTokenKeys: Sendable {
             let key = try _RSA.Signing.PrivateKey(pemRepresentation: pem)
             guard key.keySizeInBits >= 2048 else { throw CentralSigningError() }
             let primitives = try key.publicKey.getKeyPrimitives()
-            let n = Base64URL.encode(primitives.modulus), e = Base64URL.encode(primitives.publicExponent)
-            // RFC 7638 §3.2: the required members, sorted, no whitespace.
-            let kid = Base64URL.encode(SHA256.hash(data: Data(#"{"e":"\#(e)","kty":"RSA","n":"\#(n)"}"#.utf8)))
-            return SigningKey(id: kid, privateKey: key, jwk: ["kty": "RSA", "n": n, "e": e, "kid": kid, "alg": "RS256", "use": "sig"])
+            var jwk = JSONWebKey.rsaParameters(modulus: primitives.modulus, exponent: primitives.publicExponent)
+            guard let kid = JSONWebKey.thumbprint(of: jwk) else { throw CentralSigningError() }
+            jwk.merge(["kid": kid, "alg": "RS256", "use": "sig"]) { $1 }
+            return SigningKey(id: kid, privateKey: key, jwk: jwk)
         }
     }
 
