@@ -19,7 +19,7 @@ extension GatehouseConfiguration {
             case .personalInformation:
                 resolvers[name] = PersonalInformationResolver(settings: identity, upstream: name, client: client, concurrency: concurrency)
             case .introspection:
-                resolvers[name] = IntrospectionResolver(settings: identity, upstream: upstream, client: client, concurrency: concurrency)
+                resolvers[name] = IntrospectionResolver(settings: identity, upstream: upstream, client: client, concurrency: concurrency, tls: tls)
             case .userinfo:
                 resolvers[name] = UserinfoResolver(settings: identity, upstream: name, client: client, concurrency: concurrency, tls: tls)
             case .jwt:

@@ -1,4 +1,5 @@
 public import AsyncHTTPClient
+public import NIOSSL
 import Foundation
 import NIOHTTP1
 public import GatehouseCore
@@ -11,14 +12,16 @@ public struct IntrospectionResolver: IdentityResolver {
     let upstream: UpstreamSettings
     let http: IdentityHTTP
     let extraction: IdentityExtraction
-    /// The `aud` of a `private_key_jwt` assertion: the upstream's issuer when it has one.
+    /// The `aud` of a `private_key_jwt` assertion, as `client_assertion.audience` says: the issuer,
+    /// the configured token endpoint, or a URL (never the introspection URL but when it is the last resort).
     let assertionAudience: String
 
-    /// - Parameter concurrency: calls in flight at most toward the endpoint (`identity_concurrency`).
-    public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient, concurrency: Int) {
+    /// - Parameters:
+    ///   - concurrency: calls in flight at most toward the endpoint (`identity_concurrency`).
+    ///   - tls: the upstream's `ca_file` and client certificate (`UpstreamSettings.tlsConfiguration()`).
+    public init(settings: IdentitySettings, upstream: UpstreamSettings, client: HTTPClient, concurrency: Int, tls: TLSConfiguration? = nil) {
         self.init(settings: settings, upstream: upstream,
-                  http: IdentityHTTP(upstream: upstream.name, timeout: settings.timeout, concurrency: concurrency, client: client,
-                                     tls: try? upstream.tlsConfiguration()))
+                  http: IdentityHTTP(upstream: upstream.name, timeout: settings.timeout, concurrency: concurrency, client: client, tls: tls))
     }
 
     init(settings: IdentitySettings, upstream: UpstreamSettings, http: IdentityHTTP) {
