@@ -45,15 +45,7 @@ extension GatehouseConfiguration {
             usable = false
         }
         if let path = map.string("ca_file") {
-            if let pem = try? secrets.readFile(path) {
-                if pem.contains("-----BEGIN CERTIFICATE-----") {
-                    credentials.trustRoots = pem
-                } else {
-                    map.reader.report(map.childPath("ca_file"), map.value("ca_file"), "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
-                }
-            } else {
-                map.reader.report(map.childPath("ca_file"), map.value("ca_file"), "cannot read the file \(path)")
-            }
+            credentials.trustRoots = certificatesFile("ca_file", path: path, in: map, secrets: secrets)
         }
         return usable ? credentials : nil
     }

@@ -166,12 +166,19 @@ extension GatehouseConfiguration {
             map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "applies only to an https:// backend")
             return nil
         }
+        return certificatesFile("backend_ca_file", path: path, in: map, secrets: secrets)
+    }
+
+    /// The content of the PEM certificates file `path` that `key` names, read once like the other
+    /// files the configuration names; a file that cannot be read or holds no certificate is a
+    /// problem at `key`.
+    static func certificatesFile(_ key: String, path: String, in map: MappingReader, secrets: SecretLookup) -> String? {
         guard let pem = try? secrets.readFile(path) else {
-            map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "cannot read the file \(path)")
+            map.reader.report(map.childPath(key), map.value(key), "cannot read the file \(path)")
             return nil
         }
         guard pem.contains("-----BEGIN CERTIFICATE-----") else {
-            map.reader.report(map.childPath("backend_ca_file"), map.value("backend_ca_file"), "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+            map.reader.report(map.childPath(key), map.value(key), "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
             return nil
         }
         return pem
