@@ -230,7 +230,8 @@ public actor InAppSignIn {
         if answer.endsDialogue {
             // Over (too many wrong inputs, an answer that cannot be used, another key): back to
             // `start`, where a new `checkAccount` begins another.
-            return restart(answer.string("failure").map { SignInError(failure: $0, retryAfter: answer.retryAfter) } ?? .invalidSession)
+            return restart(answer.string("failure").map { SignInError(failure: $0, retryAfter: answer.retryAfter, reason: answer.string("reason")) }
+                ?? .invalidSession)
         }
         switch (answer.status, answer.error) {
         case (200, _):

@@ -22,6 +22,10 @@ public enum SignInError: Error, Equatable, Sendable {
     /// `authentication_failure`: the upstream's answer (or the token exchange) was unusable:
     /// start over or use the browser.
     case authenticationFailure
+    /// `account_refused`: the sign-in service refused the account (`reason`: `blocked`, `locked`,
+    /// `password_leaked`, `denied`); show the answer's description: reset the password, follow
+    /// the service's e-mail, or contact support. Told only after a second factor was passed.
+    case accountRefused(reason: String?)
     /// `invalid_session`: the dialogue is unknown, used or expired: the client is back at `start`.
     case invalidSession
     /// No answer at all (no connection, TLS failure, timeout of the transport).
@@ -46,6 +50,7 @@ public enum SignInError: Error, Equatable, Sendable {
         case .serverUnavailable: "server_unavailable"
         case .requestTimeout: "request_timeout"
         case .authenticationFailure: "authentication_failure"
+        case .accountRefused: "account_refused"
         case .invalidSession: "invalid_session"
         case .network: "network"
         case .invalidState: "invalid_state"
@@ -61,7 +66,7 @@ public enum SignInError: Error, Equatable, Sendable {
         case .incorrectPassword, .invalidUnblockCode, .invalidTotpCode, .invalidEmailCode, .invalidEmailAddress,
              .tooManyRequests, .failedToSendEmail, .serverUnavailable, .requestTimeout, .network:
             true
-        case .authenticationFailure, .invalidSession, .invalidState, .unexpected:
+        case .authenticationFailure, .accountRefused, .invalidSession, .invalidState, .unexpected:
             false
         }
     }
@@ -73,7 +78,7 @@ public enum SignInError: Error, Equatable, Sendable {
     }
 
     /// The catalog's error for a `failure` code; `unexpected(failure)` for a code it does not have.
-    public init(failure: String, retryAfter: Int? = nil) {
+    public init(failure: String, retryAfter: Int? = nil, reason: String? = nil) {
         self = switch failure {
         case "incorrect_password": .incorrectPassword
         case "invalid_unblock_code": .invalidUnblockCode
@@ -85,6 +90,7 @@ public enum SignInError: Error, Equatable, Sendable {
         case "server_unavailable": .serverUnavailable
         case "request_timeout": .requestTimeout
         case "authentication_failure": .authenticationFailure
+        case "account_refused": .accountRefused(reason: reason)
         case "invalid_session": .invalidSession
         default: .unexpected(failure)
         }
@@ -105,6 +111,7 @@ extension SignInError: CustomStringConvertible {
         case .serverUnavailable: "Server unavailable"
         case .requestTimeout: "Request Timeout"
         case .authenticationFailure: "Authentication failure"
+        case .accountRefused(let reason): "The sign-in service refused the account" + (reason.map { " (\($0))" } ?? "")
         case .invalidSession: "The sign-in expired: start again"
         case .network: "No connection to the server"
         case .invalidState: "Not possible in the current state"

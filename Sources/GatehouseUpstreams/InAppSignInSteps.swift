@@ -34,6 +34,10 @@ public enum InAppRefusal: Error, Sendable, Equatable {
     /// The upstream's answer cannot be used, or its dialogue is over (an expired second-factor
     /// token): the sign-in starts again. `detail` is for the log, never a secret.
     case unusable(String)
+    /// The upstream refused the account itself, in a way that may follow a right password (a
+    /// blocked user, a password found in a breach, a rule or Action denying access, the account
+    /// locked after failed attempts): told to whoever holds the account's second factor only.
+    case accountRefused(AccountRefusal)
 
     /// The refusal an `OAuthError` of a transport or an answer stands for.
     public init(_ error: OAuthError) {
@@ -44,6 +48,19 @@ public enum InAppRefusal: Error, Sendable, Equatable {
         default: self = error.code == "invalid_grant" ? .wrongInput : .unusable(error.detail)
         }
     }
+}
+
+/// Why an upstream refused an account, as its user is told once a second factor is passed.
+public enum AccountRefusal: String, Sendable, CaseIterable {
+    /// An administrator blocked the user (Auth0: 401 `unauthorized` "user is blocked").
+    case blocked
+    /// The upstream locked the account after failed attempts (Auth0: `too_many_attempts`); it
+    /// usually e-mails its user how to unlock it.
+    case locked
+    /// The password was found in a breach (Auth0: `password_leaked`): it must be changed.
+    case passwordLeaked = "password_leaked"
+    /// A rule, Action or policy of the upstream refused the sign-in (`access_denied`).
+    case denied
 }
 
 /// The in-app steps a kind's upstream offers.

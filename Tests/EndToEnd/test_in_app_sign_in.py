@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))  # the sandbox package
 from sandbox import central as centrald  # noqa: E402
 from auth0mfa import GRANT_MFA_OTP, GRANT_PASSWORD, Auth0MFA, read_arrival  # noqa: E402
 from backends import EchoBackend, self_signed_certificate  # noqa: E402
+from browser import browser  # noqa: E402,F401 (the fixture)
 from dpop import Key  # noqa: E402
 from nativeapp import APP_REDIRECT, InAppBrowser, free_port, pkce_pair, query  # noqa: E402
 from smtpsink import SMTPSink  # noqa: E402
@@ -245,6 +246,7 @@ in_app_sign_in:
   unblock_after: {UNBLOCK_AFTER}
   attempts: {ATTEMPTS}
   resends: {RESENDS}
+  breaker_failures: 1000  # this module's many wrong passwords never trip it; test_spraying_… trips its own
 rate_limits:
   trusted_proxies: [127.0.0.1/32]
   in_app_per_address: {{per_second: 50, burst: 1000}}
@@ -1664,3 +1666,189 @@ def test_two_instances_on_postgres_share_the_dialogue_and_the_failure_count_acro
                           check=True, capture_output=True, text=True, timeout=60).stdout
     for secret in [password, first, carried, code, authorization_code, account]:
         assert secret not in dump, "PostgreSQL holds an in-app secret or the account in clear"
+
+
+# --------------------------------------------------------------------------- the hostile pass (issue 35)
+
+AUTH0_ACCOUNT_STATES = {
+    # state: (add_user options, the reason the user is told, what Auth0 answers the right password)
+    "blocked": ({"blocked": True}, "blocked", 401),
+    "leaked": ({"leaked": True}, "password_leaked", 401),
+    "denied": ({"deny": "Only staff may sign in to this app."}, "denied", 403),
+    "locked": ({}, "locked", 429),
+}
+
+
+def answer_shape(answer):
+    """What an answer tells: its status, the headers that say anything, its whole body but the
+    auth_session (random in every answer)."""
+    body = json_answer(answer)
+    assert AUTH_SESSION.fullmatch(body.pop("auth_session", "") or ""), body
+    headers = {name.lower(): value for name, value in answer.headers.items()
+               if name.lower() not in ("date", "content-length", "x-request-id", "traceparent")}
+    return answer.status_code, headers, body
+
+
+@pytest.mark.parametrize("state", sorted(AUTH0_ACCOUNT_STATES))
+def test_an_auth0_refusal_of_the_account_answers_as_a_wrong_password_until_the_emailed_code(main, world, seen, state):
+    """Auth0 refuses a blocked user, a breached password, an Action's denial and a user its
+    brute-force protection locked only after (or whatever) the password: told apart, the answer
+    would confirm a guessed password. Until the e-mailed code is passed it is a wrong password,
+    whole answer alike; past the code the user learns what to do."""
+    auth0 = world.auth0
+    options, reason, status = AUTH0_ACCOUNT_STATES[state]
+    user = auth0.add_user(f"refused-{state}-{secrets.token_hex(4)}@example.test", secrets.token_urlsafe(18), **options)
+    other = auth0.add_user(f"other-{state}-{secrets.token_hex(4)}@example.test", secrets.token_urlsafe(18))
+    address = fresh_address()
+    if state == "locked":
+        # Ten failed logins of the user from the user's address, straight at Auth0 (another client).
+        for _ in range(auth0.brute_force_threshold):
+            refused = requests.post(auth0.token_endpoint, data={
+                "grant_type": "password", "username": user.username, "password": "not-" + user.password,
+                "client_id": auth0.client_id, "client_secret": auth0.client_secret}, headers={"auth0-forwarded-for": address}, timeout=10)
+            assert refused.status_code == 403, refused.text
+    guess = secrets.token_urlsafe(12)
+    seen.add(guess, kind="password typed in the app")
+    wrong = Dialogue(main, seen, APP_AUTH0)
+    expect_step(wrong.begin(other.username), "password")
+    wrong_answer = wrong.send(password=guess)
+    mark = auth0.mark()
+    dialogue = Dialogue(main, seen, APP_AUTH0, address=address)
+    expect_step(dialogue.begin(user.username), "password")
+    right = dialogue.send(password=user.password)
+    assert answer_shape(right) == answer_shape(wrong_answer)
+    for _ in range(UNBLOCK_AFTER - 1):
+        expect_step(dialogue.send(password=user.password), "password", failure="incorrect_password")
+    mail_mark = world.sink.count()
+    expect_step(dialogue.send(password=user.password), "unblock_code")
+    code = unblock_mail(world, user.username, mail_mark)
+    told = dialogue.send(unblock_code=code, password=user.password)
+    body = expect_error(told, 403, "access_denied", "account_refused")
+    assert body.get("reason") == reason and body.get("dialogue_ended") is True and "auth_session" not in body, body
+    # Every one of them reached Auth0 with the right password, and Auth0 itself refused it.
+    grants = password_grants(auth0.since(mark), user.username)
+    assert len(grants) == UNBLOCK_AFTER + 1
+    assert all(g.fields["password"] == user.password and g.status == status for g in grants), [g.status for g in grants]
+
+
+def test_a_web_page_cannot_make_its_visitors_start_a_dialogue(main, world, seen, browser):
+    """A cross-site form needs no CORS: a page could make every visitor's browser post a first
+    request that has the central provider e-mail a sign-in link to a chosen address. Chromium
+    submits such a page's form; Gatehouse refuses it before any e-mail, and the same request from
+    an app (no browser headers) does send the link."""
+    victim = f"page-victim-{secrets.token_hex(4)}@example.test"
+    target = main["url"] + CHALLENGE
+    fields = {"client_id": APP_CENTRAL, "response_type": "code", "code_challenge": pkce_pair()[1],
+              "code_challenge_method": "S256", "login_hint": victim}
+    inputs = "".join(f'<input type="hidden" name="{name}" value="{value}">' for name, value in fields.items())
+    page = (f'<!doctype html><title>win a prize</title><form id=f method=post action="{target}">{inputs}</form>'
+            '<script>document.getElementById("f").submit()</script>').encode()
+
+    class Page(StubServer):
+        class Handler(StubHandler):
+            def do_GET(self):
+                self.reply(200, page, "text/html")
+
+    site = Page()
+    before = world.central.stats()
+    try:
+        mark = main["lines"].mark()
+        # Another site (localhost is not 127.0.0.1's site): the browser sends Origin and Sec-Fetch-*.
+        browser.get(f"http://localhost:{site.port}/")
+        main["lines"].wait_for(r"authorization challenge refused: sent by a browser", timeout=30, since=mark)
+        assert "invalid_request" in browser.page_source, browser.page_source[:500]
+    finally:
+        site.stop()
+    assert [e for e in centrald_log(world, before) if e["endpoint"] == "email"] == [], "a web page had a sign-in link e-mailed"
+    # The same first request from an app goes through: the link is sent.
+    app = Dialogue(main, seen, APP_CENTRAL)
+    expect_step(app.begin(victim), "email_link")
+    assert len([e for e in centrald_log(world, before) if e["endpoint"] == "email"]) == 1
+
+
+def test_an_oversized_body_is_413_as_at_the_token_endpoint(main):
+    for path in (CHALLENGE, "/oauth/token"):
+        answer = requests.post(main["url"] + path, data={"client_id": APP_DOT, "pad": "a" * 2_000_000},
+                               headers={"X-Forwarded-For": fresh_address()}, timeout=30)
+        assert answer.status_code == 413, (path, answer.status_code, answer.text[:200])
+        assert answer.headers["Content-Type"].startswith("application/problem+json"), answer.headers
+
+
+def spraying_config(world, port, database, keys):
+    host, pg_port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    return server_and_store(port, f"""  postgres:
+    host: {host}
+    port: {pg_port}
+    database: {database}
+    username: gatehouse
+    pool_size: 4""") + f"""
+upstreams:{dot_upstream(world)}
+clients:{in_app_client(APP_DOT, "dot", DOT_SCOPE)}
+{mail_section(world.sink.port, world.sink.certificate)}
+in_app_sign_in:
+  accounts_per_address: 3
+  breaker_failures: 8
+  breaker_window: 10m
+rate_limits:
+  trusted_proxies: [127.0.0.1/32]
+sessions:
+  encryption_keys_file: {keys}
+"""
+
+
+@pytest.mark.skipif("GATEHOUSE_TEST_POSTGRES" not in os.environ, reason="needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+def test_spraying_one_password_over_many_accounts_is_capped_on_every_instance_and_after_a_restart(world, seen):
+    """One common password against many accounts stays under every per-account limit. Counted in
+    PostgreSQL: one address range gets passwords relayed for at most `accounts_per_address`
+    accounts, on either instance and after a restart; and once the upstream's wrong passwords
+    pass `breaker_failures`, every dialogue, from any address, passes the e-mailed code first."""
+    host, pg_port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    database = "spray_" + secrets.token_hex(4)
+    subprocess.run(["psql", "-h", host, "-p", pg_port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
+                   check=True, capture_output=True, timeout=30)
+    keys = session_keys(world.workdir, "spray-session-keys", seen)
+    ports = [free_port(), free_port()]
+    configs = [spraying_config(world, port, database, keys) for port in ports]
+    common = "Summer2026!" + secrets.token_hex(2)
+    seen.add(common, kind="password typed in the app")
+    attacker = fresh_address()
+    victims = [f"spray-{n}-{secrets.token_hex(3)}@example.test" for n in range(5)]
+    mark = world.wire.mark()
+
+    def spray(gatehouse, account, address=attacker):
+        dialogue = Dialogue(gatehouse, seen, APP_DOT, address=address)
+        expect_step(dialogue.begin(account), "password")
+        return dialogue.send(password=common)
+
+    with run_gatehouse(world.workdir, "spray-b", configs[1], world.env) as b:
+        with run_gatehouse(world.workdir, "spray-a", configs[0], world.env) as a:
+            # Three accounts, over both instances: relayed (and wrong).
+            for gatehouse, account in zip([a, b, a], victims):
+                expect_step(spray(gatehouse, account), "password", failure="incorrect_password")
+            # A fourth, on either: refused before DOT, the dialogue still open.
+            for gatehouse in (a, b):
+                refused = expect_too_many(spray(gatehouse, victims[3]))
+                assert "auth_session" in refused, refused
+            assert a["lines"].wait_for(r"in_app_accounts_per_address", timeout=10)
+        # A restarted A still counts the address's accounts.
+        with run_gatehouse(world.workdir, "spray-a2", configs[0], world.env) as a:
+            expect_too_many(spray(a, victims[4]))
+            # An account it tried already is no new one.
+            expect_step(spray(a, victims[0]), "password", failure="incorrect_password")
+            sprayed = [g.fields["username"] for g in password_grants(world.wire.since(mark)) if g.fields.get("password") == common]
+            assert sorted(sprayed) == sorted(victims[:3] + [victims[0]]), sprayed
+            # Other addresses push the upstream's wrong passwords to the breaker's line (8)...
+            for n in range(4):
+                expect_step(spray(b if n % 2 else a, f"spray-more-{n}-{secrets.token_hex(3)}@example.test", address=fresh_address()),
+                            "password", failure="incorrect_password")
+            # ...and it trips for everyone: a real account from a fresh address passes the e-mailed code first.
+            account, password = take_account(world)
+            mail_mark, wire_mark = world.sink.count(), world.wire.mark()
+            dialogue = Dialogue(b, seen, APP_DOT)
+            expect_step(dialogue.begin(account), "password")
+            expect_step(dialogue.send(password=password), "unblock_code")
+            assert password_grants(world.wire.since(wire_mark), account) == []
+            code = unblock_mail(world, account, mail_mark)
+            expect_code(dialogue.send(unblock_code=code, password=password))
+            tripped = [line for g in (a, b) for line in g["lines"].lines_since(0) if "sign_in_breaker_tripped" in line]
+            assert len(tripped) == 1, tripped

@@ -16,6 +16,7 @@ struct CatalogTests {
         ("server_unavailable", .serverUnavailable, true),
         ("request_timeout", .requestTimeout, true),
         ("authentication_failure", .authenticationFailure, false),
+        ("account_refused", .accountRefused(reason: nil), false),
     ]
 
     @Test(arguments: catalog)
@@ -24,6 +25,11 @@ struct CatalogTests {
         #expect(error.code == code)
         #expect(error.canRetry == canRetry)
         #expect(String(describing: error).hasPrefix(code))
+    }
+
+    @Test func anAccountRefusalCarriesItsReason() {
+        #expect(SignInError(failure: "account_refused", reason: "password_leaked") == .accountRefused(reason: "password_leaked"))
+        #expect(String(describing: SignInError.accountRefused(reason: "blocked")).contains("(blocked)"))
     }
 
     @Test func theClientsOwnErrors() {

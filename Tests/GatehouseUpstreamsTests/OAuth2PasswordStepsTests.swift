@@ -114,7 +114,16 @@ struct OAuth2PasswordStepsTests {
         (504, [], "", .timeout),
         (401, [], #"{"error":"invalid_client"}"#, .unusable("HTTP 401 invalid_client")),
         (400, [], "<html>", .unusable("HTTP 400 without an OAuth error")),
-        (401, [], #"{"error":"unauthorized","error_description":"user is blocked"}"#, .wrongInput),
+        // Auth0's refusals of the account itself (its Authentication API error tables and SDKs).
+        (401, [], #"{"error":"unauthorized","error_description":"user is blocked"}"#, .accountRefused(.blocked)),
+        (401, [], #"{"error":"unauthorized","error_description":"Only staff may sign in to this app."}"#, .accountRefused(.denied)),
+        (403, [], #"{"error":"access_denied","error_description":"You can't log in"}"#, .accountRefused(.denied)),
+        (401, [], #"{"error":"password_leaked","error_description":"This login attempt has been blocked because the password you're using was previously disclosed through a data breach (not in this application)."}"#,
+         .accountRefused(.passwordLeaked)),
+        (429, [], #"{"error":"too_many_attempts","error_description":"Your account has been blocked after multiple consecutive login attempts. We've sent you an email with instructions on how to unblock it."}"#,
+         .accountRefused(.locked)),
+        (429, [("Retry-After", "30")], #"{"error":"too_many_attempts","error_description":"We have detected suspicious login behavior and further attempts will be blocked. Please contact the administrator."}"#,
+         .rateLimited(retryAfter: 30)),
     ])
     func refusalsAreReadForTheCatalog(status: Int, headers: [(String, String)], body: String, expected: InAppRefusal) async {
         let (steps, _) = Self.steps([.status(status, headers: headers, body: body)])

@@ -22,6 +22,16 @@ Gatehouse's code:
   `isMultifactorTokenInvalid`: expired_token "mfa_token is expired" or invalid_grant
   "Malformed mfa_token"). Auth0 answers these with 403; a client whose credentials are wrong
   gets 401 access_denied "Unauthorized" (as Auth0's /oauth/token does).
+- Refusals of the account itself, from Auth0's error tables for the password grant (auth0/docs
+  `articles/api/authentication/errors/_oauth-ro.md`, `_co_authenticate_errors.md`) and the
+  error predicates of Auth0.swift (`isTooManyAttempts`, `isPasswordLeaked`, `isRuleError`,
+  `isAccessDenied`): a user an administrator blocked gets 401 `unauthorized` "user is blocked"; a
+  breached password 401 `password_leaked`; a denying Action (`api.access.deny(reason)`) 403
+  `access_denied` with its reason; each only once the password was right (Auth0 checks the
+  credentials first). Brute-force protection: after `brute_force_threshold` (Auth0: 10)
+  consecutive failed logins of one user from one address (the `auth0-forwarded-for` address when
+  sent), that user from that address gets 429 `too_many_attempts` "Your account has been blocked
+  after multiple consecutive login attempts. …", whatever the password.
 - Rate limits (auth0.com/docs/troubleshoot/customer-support/operational-policies/rate-limit-policy):
   429 with `x-ratelimit-limit`, `x-ratelimit-remaining`, `x-ratelimit-reset` (epoch seconds);
   double: `Retry-After` too, so a client may read either.
@@ -160,6 +170,9 @@ class User:
     name: str
     user_id: str
     secret: str = None               # the TOTP secret; None: not enrolled in MFA
+    blocked: bool = False            # blocked by an administrator (user.blocked)
+    leaked: bool = False             # its password is in a breach Auth0 knows of
+    deny: str = None                 # an Action denies it with this reason
 
     @property
     def mfa(self):
@@ -191,6 +204,8 @@ class Auth0MFA(StubServer):
         self.access_tokens = {}          # access token → User
         self.refresh_tokens = {}         # refresh token → {"user", "scope", "audience"}
         self.used_codes = set()          # (username, counter): "Once a user verifies an MFA OTP code, it cannot be used again"
+        self.brute_force_threshold = 10  # Auth0's default for brute-force protection
+        self.consecutive_failures = {}   # (username, address) → failed logins in a row
         self.arrivals = []
         self.faults = []                 # [{"kind", "path", "times", "retry_after"}]
         self.release_event = threading.Event()
@@ -201,9 +216,10 @@ class Auth0MFA(StubServer):
 
     # ----- set-up
 
-    def add_user(self, username, password, mfa=False, email=None, name=None):
+    def add_user(self, username, password, mfa=False, email=None, name=None, blocked=False, leaked=False, deny=None):
         user = User(username=username, password=password, email=email or username, name=name or username.split("@")[0],
-                    user_id="auth0|" + secrets.token_hex(12), secret=new_totp_secret() if mfa else None)
+                    user_id="auth0|" + secrets.token_hex(12), secret=new_totp_secret() if mfa else None,
+                    blocked=blocked, leaked=leaked, deny=deny)
         with self.condition:
             self.users[username] = user
         self._remember(password, kind="password typed in the app")
@@ -380,8 +396,22 @@ class Auth0MFA(StubServer):
             if grant == GRANT_PASSWORD_REALM and fields["realm"] != DEFAULT_REALM:
                 raise error(400, "invalid_request", "connection not found")
             user = self.users.get(fields["username"])
+            address = arrival.headers.get("auth0-forwarded-for") or "gatehouse"
+            failures = self.consecutive_failures.get((fields["username"], address), 0)
+            if user is not None and failures >= self.brute_force_threshold:
+                raise error(429, "too_many_attempts", "Your account has been blocked after multiple consecutive login attempts. "
+                            "We've sent you an email with instructions on how to unblock it.")
             if user is None or not hmac.compare_digest(user.password.encode(), fields["password"].encode()):
+                self.consecutive_failures[(fields["username"], address)] = failures + 1
                 raise error(403, "invalid_grant", "Wrong email or password.")
+            self.consecutive_failures.pop((fields["username"], address), None)
+            if user.blocked:
+                raise error(401, "unauthorized", "user is blocked")
+            if user.leaked:
+                raise error(401, "password_leaked", "This login attempt has been blocked because the password you're using was "
+                            "previously disclosed through a data breach (not in this application).")
+            if user.deny is not None:
+                raise error(403, "access_denied", user.deny)
             if user.mfa:
                 mfa_token = secrets.token_urlsafe(48)
                 self.mfa_tokens[mfa_token] = {"user": user, "scope": fields.get("scope"), "audience": fields.get("audience"),

@@ -94,11 +94,15 @@ public enum InAppFailure: String, Sendable, CaseIterable {
     case serverUnavailable = "server_unavailable"
     case requestTimeout = "request_timeout"
     case authenticationFailure = "authentication_failure"
+    /// The upstream refused the account itself (blocked, locked, a leaked password, a policy):
+    /// told only once the user has passed a second factor (the e-mailed code, the TOTP code);
+    /// before that such a refusal is answered as `incorrect_password`.
+    case accountRefused = "account_refused"
 
     /// The HTTP status of an answer carrying this failure.
     public var status: Int {
         switch self {
-        case .incorrectPassword, .invalidUnblockCode, .invalidTOTPCode, .invalidEmailCode: 403
+        case .incorrectPassword, .invalidUnblockCode, .invalidTOTPCode, .invalidEmailCode, .accountRefused: 403
         case .invalidEmailAddress: 400
         case .tooManyRequests: 429
         case .failedToSendEmail, .serverUnavailable: 503

@@ -48,4 +48,6 @@ public enum AuditEvent: String, Sendable, CaseIterable {
     case sign_in, refresh, reuse_detected, family_revoked, revoke, logout, admin_revocation, rate_limited
     case instance_registered, instance_certified, instance_revoked, certification_locked, web_session
     case sign_in_failed
+    /// The in-app sign-in's wrong-password breaker tripped (once per window, whichever instance).
+    case sign_in_breaker_tripped
 }

@@ -64,6 +64,9 @@ public enum GatehouseMetrics {
         case oauth_client, oauth_address, relay_subject, identity_address, identity_concurrency, upstream_backoff
         case registration_address, registration_app, registration_pending, unknown_refresh_address
         case in_app_address, in_app_account
+        /// In-app passwords refused for an account beyond `accounts_per_address` or `accounts_per_instance`;
+        /// dialogues asked for an e-mailed code because the wrong-password breaker is tripped.
+        case in_app_accounts_per_address, in_app_accounts_per_instance, in_app_breaker
     }
 
     public static func refresh(_ outcome: RefreshOutcome) {

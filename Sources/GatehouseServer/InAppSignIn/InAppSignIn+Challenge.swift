@@ -1,13 +1,26 @@
 import Foundation
 import GatehouseCore
 import GatehouseUpstreams
+import HTTPTypes
 import Hummingbird
 import Logging
+import NIOCore
 
 extension InAppSignIn {
     /// `POST /oauth/authorize-challenge`. `peer`: the connection's address, for the limits per client address.
     func challenge(_ request: Request, peer: String?) async -> Response {
+        // A web page can make its visitors' browsers post here (a cross-site form needs no CORS):
+        // nothing a browser sent is read, before any e-mail could go to a chosen address.
+        if let header = Self.browserHeader(in: request.headers) {
+            logger.notice("authorization challenge refused: sent by a browser", metadata: ["header": .string(header)])
+            return ChallengeAnswer.refused(.invalidRequest(
+                "this endpoint is for native apps: a request a browser sent (with \(header)) is refused")).response
+        }
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
+        // Over `server.max_body_bytes`: 413, as at /oauth/token.
+        guard let body = await boundedBody(request) else {
+            return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
+        }
         let address = limits.clientAddress(peer: peer, headers: request.headers)
         let resolved = limits.resolvedClientAddress(peer: peer, headers: request.headers)
         // Before anything is read: this answer leaves the app's auth_session as it was.
@@ -16,7 +29,7 @@ extension InAppSignIn {
         }
         let answer: ChallengeAnswer
         do throws(OAuthError) {
-            let form = try await oauthForm(request, recognizing: Self.parameterNames)
+            let form = try Self.form(body)
             let proof = try await dpop.endpointProof(request, endpoint: Self.path)
             if let session = form["auth_session"] {
                 answer = await proceed(ChallengeInput(form: form, proof: proof, address: address, resolvedAddress: resolved), session: session)
@@ -31,6 +44,28 @@ extension InAppSignIn {
             "error": .string(answer.string("error") ?? "none"), "failure": .string(answer.string("failure") ?? "none"),
         ])
         return answer.response
+    }
+
+    /// The first header only a browser sends that the request carries: `Origin` (every
+    /// cross-origin request and every POST of a current browser, `null` included) or a Fetch
+    /// Metadata header (`Sec-Fetch-Site`, `-Mode`, `-Dest`, `-User`: forbidden to scripts, sent by
+    /// every current browser). A native app's HTTP client sends none of them.
+    static func browserHeader(in headers: HTTPFields) -> String? {
+        let names: [HTTPField.Name] = [.origin, Self.secFetchSite, Self.secFetchMode, Self.secFetchDest, Self.secFetchUser]
+        return names.first { headers[$0] != nil }?.rawName
+    }
+
+    static let secFetchSite = HTTPField.Name("Sec-Fetch-Site")!
+    static let secFetchMode = HTTPField.Name("Sec-Fetch-Mode")!
+    static let secFetchDest = HTTPField.Name("Sec-Fetch-Dest")!
+    static let secFetchUser = HTTPField.Name("Sec-Fetch-User")!
+
+    static func form(_ body: ByteBuffer) throws(OAuthError) -> FormParameters {
+        do {
+            return try FormParameters(parsing: body.readableBytesView, recognizing: Self.parameterNames)
+        } catch {
+            throw .invalidRequest(error.description)
+        }
     }
 
     /// What one request brings.
@@ -70,8 +105,8 @@ extension InAppSignIn {
             return try await redirectToWeb(form, client: client)
         }
         // The account as the user typed it, spaces around it dropped; one with spaces inside is
-        // refused, so that no spelling of an account escapes its counters (which also fold case
-        // and Unicode compatibility forms: `accountKey`).
+        // refused. It is relayed as typed; its counters key it by its folded form (`accountKey`),
+        // so that no spelling the upstream would take for the same account escapes them.
         let login = (form["login_hint"] ?? "").trimmingCharacters(in: .whitespaces)
         guard !login.isEmpty, login.utf8.count <= 254, !login.contains(where: \.isWhitespace) else {
             throw .invalidRequest("login_hint is required: the account's e-mail address or username (at most 254 bytes, no spaces)")
@@ -175,7 +210,7 @@ extension InAppSignIn {
         }
         switch dialogue.step {
         case .password:
-            return try await password(form["password"] ?? "", dialogue: &dialogue, client: client, steps: steps, address: input.resolvedAddress)
+            return try await password(form["password"] ?? "", dialogue: &dialogue, client: client, steps: steps, input: input)
         case .unblockCode:
             if resend != nil { return try await sendUnblockCode(&dialogue) }
             return try await unblock(code: form["unblock_code"] ?? "", password: form["password"] ?? "", dialogue: &dialogue, steps: steps,
@@ -220,43 +255,78 @@ extension InAppSignIn {
 
     // MARK: Passwords and unblock codes
 
-    /// A password: relayed to the upstream, unless the account has failed too often lately (or the
-    /// client is an uncertified install), in which case an unblock code is e-mailed first. The
-    /// attempt is counted in the store before anything is relayed, so that dialogues racing on one
-    /// account, on any instance, relay at most `unblock_after` passwords per window between two
-    /// successes; a store that cannot count relays nothing.
+    /// A password: relayed to the upstream, unless the account has failed too often lately, the
+    /// client is an uncertified install or the wrong-password breaker is tripped, in which case an
+    /// unblock code is e-mailed first. The attempt is counted in the store before anything is
+    /// relayed, so that dialogues racing on one account, on any instance, relay at most
+    /// `unblock_after` passwords per window between two successes; and so is the account among
+    /// those the client's address range and app instance tried (`admitAccount`). A store that
+    /// cannot count relays nothing.
     private func password(_ password: String, dialogue: inout ChallengeDialogue, client: AppClient, steps: any InAppSignInSteps,
-                          address: String?) async throws(OAuthError) -> ChallengeAnswer
+                          input: ChallengeInput) async throws(OAuthError) -> ChallengeAnswer
     {
         guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
         let uncertified = try await uncertified(client)
-        if try await count(Self.failurePurpose, dialogue) > settings.unblockAfter || uncertified {
+        let overLine = try await count(Self.failurePurpose, dialogue) > settings.unblockAfter
+        let breaker = !overLine && !uncertified ? try await breakerTripped(dialogue) : false
+        if overLine || uncertified || breaker {
             guard EmailAddress.isValid(dialogue.login) else {
                 // No address to send a code to: the browser sign-in, with the upstream's own defences.
                 return try await redirectToWeb(FormParameters(), client: client)
             }
-            logger.notice("in-app sign-in asks for an unblock code", metadata: ["client_id": .string(dialogue.clientID)])
+            logger.notice("in-app sign-in asks for an unblock code", metadata: [
+                "client_id": .string(dialogue.clientID), "because": .string(breaker ? "breaker" : uncertified ? "uncertified" : "account"),
+            ])
             return try await sendUnblockCode(&dialogue)
         }
-        return try await relay(password, dialogue: &dialogue, steps: steps, address: address, counted: true)
+        let tried: [AccountScope]
+        switch try await admitAccount(dialogue, client: client, address: input.address) {
+        case .admitted(let scopes):
+            tried = scopes
+        case .refused(let scope, let retryAfter):
+            // Nothing was relayed: the account's own count is given back.
+            try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
+            logger.notice("in-app sign-in refused: too many accounts tried", metadata: [
+                "client_id": .string(dialogue.clientID), "limit": .string(scope.limit.rawValue),
+            ])
+            return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: retryAfter) }
+        }
+        return try await relay(password, dialogue: &dialogue, steps: steps, address: input.resolvedAddress, counted: true, tried: tried)
     }
 
-    /// Relays the password; `counted`: the attempt is in the account's count already.
-    private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?, counted: Bool)
-        async throws(OAuthError) -> ChallengeAnswer
+    /// Relays the password; `counted`: the attempt is in the account's count already (no second
+    /// factor passed yet); `tried`: the scopes that counted the account among those they tried.
+    private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?, counted: Bool,
+                       tried: [AccountScope] = []) async throws(OAuthError) -> ChallengeAnswer
     {
         let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
         if counted, Self.unjudged(result) {
             // The upstream never judged the password (unreachable, slow, asking to wait): the attempt is given back.
             try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
+            await giveBack(tried)
         }
-        if case .refused(.wrongInput) = result {
+        switch result {
+        case .signedIn, .secondFactor:
+            // A right password: the account was not sprayed.
+            await giveBack(tried)
+        case .refused(.wrongInput):
             if !counted { _ = try await count(Self.failurePurpose, dialogue) }
-            audit.record(.sign_in_failed, clientID: dialogue.clientID, subject: nil, reason: InAppFailure.incorrectPassword.rawValue,
-                         metadata: ["upstream": .string(dialogue.upstream)])
+            await countFailure(dialogue, reason: InAppFailure.incorrectPassword.rawValue)
             // Back to the password, without the e-mailed code (a new one is sent if the account is over the line).
             dialogue.step = .password
             dialogue.unblockCodeHash = nil
+        case .refused(.accountRefused(let reason)) where counted:
+            // The upstream refused the account, perhaps after its right password. Until a second
+            // factor is passed this is told as a wrong password, whole answer alike, and counted as
+            // one: the user meets the unblock code after `unblock_after` tries, then is told.
+            logger.notice("in-app sign-in: the upstream refused the account; answered as a wrong password until a second factor",
+                          metadata: ["upstream": .string(dialogue.upstream), "reason": .string(reason.rawValue)])
+            await countFailure(dialogue, reason: "account_refused_" + reason.rawValue)
+            dialogue.step = .password
+            dialogue.unblockCodeHash = nil
+            return try await wrong(&dialogue, .incorrectPassword)
+        default:
+            break
         }
         return try await outcome(result, dialogue: &dialogue, wrong: .incorrectPassword)
     }
@@ -325,6 +395,14 @@ extension InAppSignIn {
         case .refused(.unusable(let detail)):
             logger.warning("in-app sign-in failed at the upstream", metadata: ["upstream": .string(dialogue.upstream), "reason": .string(detail)])
             return .failed(.authenticationFailure, session: nil, ended: true)
+        case .refused(.accountRefused(let reason)):
+            // Past a second factor (the e-mailed code, the TOTP code, the e-mailed link): the user is told.
+            logger.notice("in-app sign-in: the upstream refused the account", metadata: [
+                "upstream": .string(dialogue.upstream), "reason": .string(reason.rawValue),
+            ])
+            audit.record(.sign_in_failed, clientID: dialogue.clientID, subject: nil, reason: "account_refused_" + reason.rawValue,
+                         metadata: ["upstream": .string(dialogue.upstream)])
+            return .accountRefused(reason)
         case .refused(let refusal):
             let (failure, retryAfter) = Self.failure(of: refusal)
             return try await save(dialogue) { .failed(failure, session: $0, retryAfter: retryAfter) }
@@ -404,10 +482,11 @@ extension InAppSignIn {
     static let pause = 30
 
     /// The account's key in the store and the limits: its upstream and login, hashed, the login
-    /// folded (Unicode compatibility forms, then case), so that `ADA@…`, `ａｄａ@…` and `ada@…` are
-    /// one account to every counter.
+    /// folded past what any upstream's collation folds (`AccountSpelling`: case, accents,
+    /// compatibility forms, invisible characters), so that `ADA@…`, `ａｄａ@…`, `ädá@…` and
+    /// `ad\u{200B}a@…` are one account to every counter.
     func accountKey(_ dialogue: ChallengeDialogue) -> String {
-        SecureToken.hash(dialogue.upstream + "\n" + dialogue.login.precomposedStringWithCompatibilityMapping.lowercased())
+        SecureToken.hash(dialogue.upstream + "\n" + AccountSpelling.folded(dialogue.login))
     }
 
     /// One token of the account's bucket; the wait in seconds when empty.
@@ -443,7 +522,7 @@ extension InAppSignIn {
         case .rateLimited(let seconds): (.tooManyRequests, seconds)
         case .unavailable: (.serverUnavailable, nil)
         case .timeout: (.requestTimeout, nil)
-        case .wrongInput, .unusable: (.authenticationFailure, nil)
+        case .wrongInput, .unusable, .accountRefused: (.authenticationFailure, nil)
         }
     }
 

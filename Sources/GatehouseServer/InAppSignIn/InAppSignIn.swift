@@ -84,6 +84,7 @@ struct ChallengeAnswer {
         let code = switch failure {
         case .authenticationFailure: "server_error"
         case .invalidEmailAddress: "invalid_request"
+        case .accountRefused: "access_denied"
         default: "temporarily_unavailable"
         }
         var body: [String: ChallengeValue] = [
@@ -102,6 +103,21 @@ struct ChallengeAnswer {
         if let session { body["auth_session"] = .string(session) }
         if ended { body["dialogue_ended"] = .flag(true) }
         return ChallengeAnswer(status: error.status, body: body, retryAfter: error.retryAfter, dpopNonce: error.dpopNonce)
+    }
+
+    /// The upstream refused the account itself, told to a user who has passed a second factor:
+    /// what to do, and `reason` for the app's screen. The dialogue is over.
+    static func accountRefused(_ reason: AccountRefusal) -> ChallengeAnswer {
+        var answer = failed(.accountRefused, session: nil, ended: true)
+        answer.body["reason"] = .string(reason.rawValue)
+        let description = switch reason {
+        case .blocked: "The sign-in service has blocked this account: contact the app's support."
+        case .locked: "The sign-in service has locked this account after failed attempts: follow the e-mail it sent to unlock it."
+        case .passwordLeaked: "This password appeared in a data breach elsewhere: reset it, then sign in with the new one."
+        case .denied: "The sign-in service refused this sign-in: contact the app's support, or sign in in the browser."
+        }
+        answer.body["error_description"] = .string(description)
+        return answer
     }
 
     static let invalidSession = ChallengeAnswer(status: 400, body: [
@@ -153,6 +169,7 @@ struct ChallengeAnswer {
         case .serverUnavailable: "The sign-in service cannot be reached right now."
         case .requestTimeout: "The sign-in service did not answer in time."
         case .authenticationFailure: "The sign-in could not be completed: start again, or sign in in the browser."
+        case .accountRefused: "The sign-in service refused this account."
         }
     }
 }

@@ -39,8 +39,8 @@ public final class RateLimiters: Sendable {
         inAppPerAccount = limiter(\.inAppPerAccount, \.inAppPerAccount)
     }
 
-    /// The bucket of a limit, when configured (`registration_pending` and the upstream and identity
-    /// limits are counted here but are no token bucket).
+    /// The bucket of a limit, when configured (`registration_pending`, the upstream and identity
+    /// limits and the in-app sign-in's store-backed limits are counted here but are no token bucket).
     func bucket(_ limit: GatehouseMetrics.Limit) -> TokenBucketLimiter? {
         switch limit {
         case .oauth_client: oauthPerClient
@@ -53,6 +53,7 @@ public final class RateLimiters: Sendable {
         case .in_app_address: inAppPerAddress
         case .in_app_account: inAppPerAccount
         case .identity_concurrency, .upstream_backoff, .registration_pending: nil
+        case .in_app_accounts_per_address, .in_app_accounts_per_instance, .in_app_breaker: nil
         }
     }
 

@@ -1,4 +1,5 @@
 import Crypto
+import GatehouseCore
 import Foundation
 import Synchronization
 
@@ -40,11 +41,12 @@ final class MagicLinkLimiter: Sendable {
         return nil
     }
 
-    /// The mailbox an address reaches, as the limit counts it: lowercased; the local part without
-    /// a `+tag` (sub-addressing, RFC 5233); for Gmail, dots in the local part dropped and
-    /// `googlemail.com` taken as `gmail.com`.
+    /// The mailbox an address reaches, as the limit counts it: folded as every account counter is
+    /// (`AccountSpelling`: case, accents, invisible characters); the local part without a `+tag`
+    /// (sub-addressing, RFC 5233); for Gmail, dots in the local part dropped and `googlemail.com`
+    /// taken as `gmail.com`.
     static func mailbox(of email: String) -> String {
-        let address = email.trimmingCharacters(in: .whitespaces).lowercased()
+        let address = AccountSpelling.folded(email.trimmingCharacters(in: .whitespaces))
         guard let at = address.lastIndex(of: "@") else { return address }
         var local = String(address[..<at])
         var domain = String(address[address.index(after: at)...])

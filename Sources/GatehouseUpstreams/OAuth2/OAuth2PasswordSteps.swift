@@ -116,18 +116,43 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     }
 
     /// An upstream's refusal: `invalid_grant` (RFC 6749 §5.2; Auth0 answers it with 403) is a
-    /// wrong password or code, and so is Auth0's `unauthorized` for a blocked user (told apart, it
-    /// would say which accounts exist); 429 a request to slow down; 5xx an unavailable upstream.
+    /// wrong password or code; a refusal of the account itself (`accountRefusal`) is told apart
+    /// (the server answers it as a wrong password until a second factor is passed); 429 a request
+    /// to slow down; 5xx an unavailable upstream.
     static func refusal(_ answer: Answer, auth0: Bool) -> InAppRefusal {
+        let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
+        if (400..<500).contains(answer.status), let code = object?["error"] as? String,
+           let refused = accountRefusal(code: code, description: object?["error_description"] as? String, auth0: auth0) {
+            return .accountRefused(refused)
+        }
         if answer.status == 429 {
             // Read as every 429 of an upstream is (delay-seconds or an HTTP-date, 1 s to 5 min).
             let wait = UpstreamBackoff.wait(retryAfter: answer.headers.first(name: "Retry-After"), now: Date())
             return .rateLimited(retryAfter: UpstreamBackoff.wholeSeconds(wait))
         }
         if answer.status >= 500 { return answer.status == 504 ? .timeout : .unavailable }
-        let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
         guard let code = object?["error"] as? String else { return .unusable("HTTP \(answer.status) without an OAuth error") }
-        if code == "invalid_grant" || (auth0 && code == "unauthorized") { return .wrongInput }
+        if code == "invalid_grant" { return .wrongInput }
         return .unusable("HTTP \(answer.status) \(code.prefix(64))")
+    }
+
+    /// The refusals of an account that may come after its right password, as Auth0 documents
+    /// them for the password grant: 401 `unauthorized` "user is blocked" (a blocked user; any
+    /// other `unauthorized` is a rule's refusal), 429 `too_many_attempts` "Your account has been
+    /// blocked after multiple consecutive login attempts…" (brute-force protection; the same code
+    /// from suspicious-IP throttling, "We have detected suspicious login behavior…", is the
+    /// client's address slowed down and read as any 429), 401 `password_leaked` (breached
+    /// password detection), 403 `access_denied` (an Action's `api.access.deny`, and any server's
+    /// policy).
+    static func accountRefusal(code: String, description: String?, auth0: Bool) -> AccountRefusal? {
+        switch code {
+        case "access_denied": return .denied
+        case "too_many_attempts":
+            return description?.lowercased().contains("suspicious") == true ? nil : .locked
+        case "password_leaked": return .passwordLeaked
+        case "unauthorized" where auth0:
+            return description?.lowercased().contains("blocked") == true ? .blocked : .denied
+        default: return nil
+        }
     }
 }

@@ -1,0 +1,121 @@
+import Foundation
+import GatehouseCore
+import Logging
+
+// Password spraying: one common password tried against many accounts stays under every
+// per-account limit. Two store-backed limits (so that they hold on every instance and across
+// restarts) count the distinct accounts each client address range and each app instance has had
+// passwords relayed for, and a breaker on the upstream's overall rate of wrong passwords asks
+// every dialogue for the e-mailed code while it is tripped.
+
+extension InAppSignIn {
+    /// Who tried an account: a client address range (an IPv6 address by its /64) or an app instance.
+    struct AccountScope: Sendable {
+        let limit: GatehouseMetrics.Limit
+        /// The store key of the scope's count of accounts.
+        let key: String
+        /// The store key of the pair (scope, account): counted once per window.
+        let pairKey: String
+    }
+
+    enum AccountAdmission {
+        /// Every scope the account counts in (counted now or before, within the window).
+        case admitted([AccountScope])
+        case refused(AccountScope, retryAfter: Int)
+    }
+
+    static let accountsPurpose = "in-app-accounts"
+    static let accountPairPurpose = "in-app-account-pair"
+    static let breakerPurpose = "in-app-breaker"
+
+    /// Counts the dialogue's account among those its client's address range and its app instance
+    /// have tried within `accounts_window`, before its password is relayed: racing dialogues on
+    /// any instance relay passwords for at most `accounts_per_address` (`accounts_per_instance`)
+    /// accounts. An account already counted in the window is not counted again. A refusal gives
+    /// back what this request counted; a right password gives the account back (`giveBack`).
+    func admitAccount(_ dialogue: ChallengeDialogue, client: AppClient, address: String?) async throws(OAuthError) -> AccountAdmission {
+        let account = accountKey(dialogue)
+        var scopes: [(AccountScope, Int)] = []
+        if let address {
+            scopes.append((scope(.in_app_accounts_per_address, "address\n" + dialogue.upstream + "\n" + address, account: account),
+                           settings.accountsPerAddress))
+        }
+        if client.isInstance {
+            scopes.append((scope(.in_app_accounts_per_instance, "instance\n" + client.clientID, account: account), settings.accountsPerInstance))
+        }
+        var counted: [AccountScope] = []
+        for (scope, limit) in scopes {
+            let seen = try await countStore(Self.accountPairPurpose, scope.pairKey, window: settings.accountsWindow)
+            guard seen == 1 else { continue }
+            let tried = try await countStore(Self.accountsPurpose, scope.key, window: settings.accountsWindow)
+            counted.append(scope)
+            if tried > limit {
+                await giveBack(counted)
+                limits.refused(scope.limit, clientID: dialogue.clientID, subject: nil)
+                return .refused(scope, retryAfter: Int(settings.accountsWindow.inSeconds))
+            }
+        }
+        return .admitted(scopes.map(\.0))
+    }
+
+    /// Gives the account back to the scopes that count it: its password was right, or it was not
+    /// relayed. The pair is taken out in one statement (`consumeOnce`), so two requests giving the
+    /// same account back at once give it back once.
+    func giveBack(_ scopes: [AccountScope]) async {
+        for scope in scopes {
+            guard (try? await store.consumeOnce(kind: AttemptCounter.kind(Self.accountPairPurpose), keyHash: scope.pairKey, now: now())) != nil
+            else { continue }
+            try? await store.discountAttempt(purpose: Self.accountsPurpose, keyHash: scope.key, now: now())
+        }
+    }
+
+    /// Whether the upstream's wrong passwords within `breaker_window`, on every instance, are past
+    /// `breaker_failures`: then every dialogue passes an e-mailed code before its password is
+    /// relayed, until the window ends with fewer. Counted and audited per dialogue it stops.
+    func breakerTripped(_ dialogue: ChallengeDialogue) async throws(OAuthError) -> Bool {
+        guard let threshold = settings.breakerFailures else { return false }
+        let failures: Int
+        do {
+            failures = try await store.attemptCount(purpose: Self.breakerPurpose, keyHash: breakerKey(dialogue), now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+        guard failures >= threshold else { return false }
+        limits.refused(.in_app_breaker, clientID: dialogue.clientID, subject: nil)
+        return true
+    }
+
+    /// One wrong password (or a refusal told as one): audited, and counted toward the breaker,
+    /// whose tripping is audited once per window (the count that crosses the line is seen by one
+    /// request only, whichever instance).
+    func countFailure(_ dialogue: ChallengeDialogue, reason: String) async {
+        audit.record(.sign_in_failed, clientID: dialogue.clientID, subject: nil, reason: reason,
+                     metadata: ["upstream": .string(dialogue.upstream)])
+        guard let threshold = settings.breakerFailures,
+              let failures = try? await store.countAttempt(purpose: Self.breakerPurpose, keyHash: breakerKey(dialogue),
+                                                           expiresAt: expiry(after: settings.breakerWindow), now: now()) else { return }
+        if failures == threshold {
+            logger.warning("in-app sign-in breaker tripped: every dialogue passes an e-mailed code before a password is relayed", metadata: [
+                "upstream": .string(dialogue.upstream), "failures": .stringConvertible(failures),
+                "window_seconds": .stringConvertible(Int(settings.breakerWindow.inSeconds)),
+            ])
+            audit.record(.sign_in_breaker_tripped, clientID: nil, subject: nil, reason: "failed_passwords",
+                         metadata: ["upstream": .string(dialogue.upstream)])
+        }
+    }
+
+    private func breakerKey(_ dialogue: ChallengeDialogue) -> String { SecureToken.hash("breaker\n" + dialogue.upstream) }
+
+    private func scope(_ limit: GatehouseMetrics.Limit, _ who: String, account: String) -> AccountScope {
+        let key = SecureToken.hash(who)
+        return AccountScope(limit: limit, key: key, pairKey: SecureToken.hash(key + "\n" + account))
+    }
+
+    private func countStore(_ purpose: String, _ key: String, window: Duration) async throws(OAuthError) -> Int {
+        do {
+            return try await store.countAttempt(purpose: purpose, keyHash: key, expiresAt: expiry(after: window), now: now())
+        } catch {
+            throw .serverError("Gatehouse cannot reach its store right now")
+        }
+    }
+}
