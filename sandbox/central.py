@@ -46,6 +46,11 @@ Endpoints:
     GET  /auth/email-callback?token=  magic link (15 min, single use; unknown 404, expired 410) → code → 302 as above
     GET  /apple/auth/keys             the Apple stand-in's JWKS (RS256 keys "apple-test-1", "apple-test-2")
 
+Every API error is api-router.ts's JSON {"status","message"[,"details"]} with the HTTP status
+(verify.ts: `throw new HttpError(404, "Auth code not found")` → 404 {"status":404,"message":"Auth
+code not found"}). A request no route matches (a path without /api, a GET on an S2S route) gets
+Hono's default answer instead: 404 text/plain "404 Not Found".
+
 S2S verification, in the published order (api-router.ts, s2s.ts), every refusal 401 {"status":401,"message":…}:
     any of x-ba-app, x-ba-request-timestamp, x-ba-signature missing or empty → "Missing S2S headers";
     app not configured → "Unknown app"; Date.now() - parseInt(timestamp) NaN or > 15000 → "Request expired"
@@ -79,7 +84,8 @@ Control (not the central provider's): POST /_control with a JSON object {"op": �
     {"op":"fault","endpoint":E,"kind":K,"times"?:N,"seconds"?:S}   E: verify | email | verify-native | auth |
                                           email-callback | apple_keys; K: down (connection closed, no answer),
                                           500, garbage (200, not JSON), wrong_shape (200 JSON of another shape),
-                                          401 (Invalid signature), 429, slow (answers after S seconds, default 30;
+                                          401 (Invalid signature), 403 ("Auth code could not be verified": verify.ts
+                                          before the S2S signature), 400 (a "Validation Error" with details), 429, slow (answers after S seconds, default 30;
                                           a held request is dropped unanswered by reset or the fault's "none"),
                                           none (clears). Every request while set (or the next N). S2S requests are
                                           still verified first (stats say whether Gatehouse signed right).
@@ -143,7 +149,9 @@ RATE_PERIOD_MS = 3_600_000             # email.ts: period "1h"
 APPLE_ISSUER = "https://appleid.apple.com"
 S2S_ROUTES = {"/api/v1/auth/verify": "verify", "/api/v1/auth/email": "email", "/api/v1/auth/verify-native": "verify-native"}
 FAULT_ENDPOINTS = {"verify", "email", "verify-native", "auth", "email-callback", "apple_keys"}
-FAULT_KINDS = {"down", "500", "garbage", "wrong_shape", "401", "429", "slow", "none"}
+FAULT_KINDS = {"down", "500", "garbage", "wrong_shape", "401", "403", "400", "429", "slow", "none"}
+# Hono's own answer to a request no route matches (app.notFound's default): text, not the API's JSON.
+HONO_NOT_FOUND = b"404 Not Found"
 # valibot's EMAIL_REGEX (the `u` flag keeps \w ASCII).
 EMAIL_REGEX = re.compile(r"^[\w+-]+(?:\.[\w+-]+)*@[\da-z]+(?:[.-][\da-z]+)*\.[a-z]{2,}$", re.ASCII | re.IGNORECASE)
 
@@ -843,6 +851,11 @@ def make_handler(central, quiet):
                 self.send_json(200, {"unexpected": True}, note="(fault wrong_shape)")
             elif kind == "401":
                 self.send_json(401, {"status": 401, "message": "Invalid signature"}, note="(fault 401)")
+            elif kind == "403":  # verify.ts before the S2S signature: the RSA-encrypted code did not decrypt
+                self.send_json(403, {"status": 403, "message": "Auth code could not be verified"}, note="(fault 403)")
+            elif kind == "400":  # api-router.ts's answer to a body the DTO refuses
+                self.send_json(400, {"status": 400, "message": "Validation Error",
+                                     "details": ["code: Invalid length: Expected <=1024 but received 1025"]}, note="(fault 400)")
             elif kind == "429":
                 self.send_json(429, {"status": 429, "message": "Too many requests. Please try again later."},
                                note="(fault 429)")
@@ -893,7 +906,7 @@ def make_handler(central, quiet):
                 return self.send_json(200, central.public_stats())
             if path in S2S_ROUTES:
                 if method != "POST":
-                    return self.send_json(404, {"status": 404, "message": "Not Found"})
+                    return self.not_found()
                 # api-router.ts verifies against the route it registered, which is the path this
                 # request arrived on: the raw request target's path, never a re-encoded one.
                 return self.s2s(S2S_ROUTES[path], path, body)
@@ -908,7 +921,11 @@ def make_handler(central, quiet):
                         central.stats["requests"]["apple_keys"] += 1
                     return None
                 return self.send_json(200, central.apple_jwks())
-            return self.send_json(404, {"status": 404, "message": "Not Found"})
+            return self.not_found()
+
+        def not_found(self):
+            """No route: Hono's default notFound (`c.text("404 Not Found", 404)`), never the API's JSON error."""
+            return self.send(404, "text/plain; charset=UTF-8", HONO_NOT_FOUND)
 
         def s2s(self, endpoint, url_path, body):
             headers = {name.lower(): self.headers.get(name) for name in self.headers.keys()}

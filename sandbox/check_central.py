@@ -261,7 +261,9 @@ def check_s2s(double):
     answer = expect(post(double, "/api/v1/auth/verify", body, good), 200, None, "good request")
     check(answer.json() == {"user": {"userId": answer.json()["user"]["userId"], "email": "ada@example.test",
                                      "name": "Ada", "provider": "google"}}, "verify answer shape")
-    expect(s2s(double, "/api/v1/auth/verify", body), 404, "Auth code not found", "reused code")
+    reused = expect(s2s(double, "/api/v1/auth/verify", body), 404, "Auth code not found", "reused code")
+    check(reused.content == b'{"status":404,"message":"Auth code not found"}' and
+          reused.headers["Content-Type"].startswith("application/json"), "verify.ts's HttpError(404) as api-router.ts writes it")
     check(double.stats()["codes"]["refused"]["unknown"] >= 1, "reused code counted")
 
     # The route is the contract path with contract.ts's "/api" prefix, and the signature must cover
@@ -271,8 +273,10 @@ def check_s2s(double):
     unprefixed = body_of(app=APP, code=code)
     refused(node_sign((APP, "/v1/auth/verify", unprefixed))[0], "Invalid signature",
             "signed for /v1/auth/verify, sent to /api/v1/auth/verify", send_body=unprefixed)
-    expect(post(double, "/v1/auth/verify", unprefixed, node_sign((APP, "/v1/auth/verify", unprefixed))[0]), 404, "Not Found",
-           "POST /v1/auth/verify (no /api): no such route")
+    missing_route = expect(post(double, "/v1/auth/verify", unprefixed, node_sign((APP, "/v1/auth/verify", unprefixed))[0]), 404,
+                           None, "POST /v1/auth/verify (no /api): no such route")
+    check(missing_route.content == b"404 Not Found" and missing_route.headers["Content-Type"].startswith("text/plain"),
+          "no route: Hono's default notFound, text, not the API's JSON error")
     log = double.stats()["s2s"]["log"]
     check(log[-1]["urlPath"] == "/api/v1/auth/verify", "the log names the path the request arrived on")
     expect(s2s(double, "/api/v1/auth/verify", unprefixed), 200, None, "the same code, signed for the route it is sent to")

@@ -18,8 +18,7 @@ extension UpstreamHTTP {
 
     /// RFC 9126 §2: the authorization request's parameters, pushed; the answer's `request_uri`.
     func pushAuthorization(url: String, _ parameters: [(String, String)], tokenEndpoint: String) async throws(OAuthError) -> String {
-        let request = try settings.authenticatedForm(url: url, parameters,
-                                                     audience: settings.assertionAudience(tokenEndpoint: tokenEndpoint))
+        let request = try settings.authenticatedForm(url: url, parameters, tokenEndpoint: tokenEndpoint)
         let (status, _, body) = try await sendWithHeaders(request, endpoint: .par, purpose: "pushed authorization request")
         guard status == 201 || status == 200 else {
             logger.warning("upstream pushed authorization request refused", metadata: [

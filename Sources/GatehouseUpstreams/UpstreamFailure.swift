@@ -31,11 +31,22 @@ enum UpstreamFailure {
             return .badUpstream("the authorization server's answer is too large")
         }
         if let failure = tlsFailure(error) {
-            // Not an outage: a certificate one side does not trust, which no retry mends.
-            return OAuthError.badUpstream("the TLS handshake with the authorization server failed (\(failure.reason))\(failure.hint)")
-                .delivered(failure.beforeRequest ? .unspent : .unknown)
+            // Not an outage: a certificate one side does not trust, which no retry mends. The app
+            // can do nothing about it: BoringSSL's reason and the hint are the operator's (`logDetail`).
+            return OAuthError.badUpstream(tlsDescription).delivered(failure.beforeRequest ? .unspent : .unknown)
         }
         return OAuthError.upstreamUnavailable("the authorization server cannot be reached").delivered(.unknown)
+    }
+
+    /// What an app is told of a failed TLS handshake with its upstream (`error_description`).
+    static let tlsDescription = "Gatehouse could not reach the sign-in service securely"
+
+    /// What the log says of a failed call: for a failed TLS handshake BoringSSL's reason and what
+    /// it likely means (`ca_file`, the client certificate), which the app is never told; else the
+    /// description the app gets.
+    static func logDetail(_ error: any Error, mapped: OAuthError) -> String {
+        guard let failure = tlsFailure(error) else { return mapped.detail }
+        return "the TLS handshake with the authorization server failed (\(failure.reason))\(failure.hint)"
     }
 
     /// A TLS failure: BoringSSL's reason (such as `TLSV1_ALERT_UNKNOWN_CA` or

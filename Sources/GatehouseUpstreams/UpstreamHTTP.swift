@@ -81,7 +81,7 @@ public struct UpstreamHTTP: Sendable {
             telemetry.rateLimited(.upstream_backoff)
             throw .upstreamUnavailable("the authorization server asked Gatehouse to slow down; retry after \(seconds) s", retryAfter: seconds)
         }
-        let request = try settings.authenticatedForm(url: url, parameters, audience: settings.assertionAudience(tokenEndpoint: url))
+        let request = try settings.authenticatedForm(url: url, parameters, tokenEndpoint: url)
         let (status, headers, data) = try await sendWithHeaders(request, endpoint: endpoint, purpose: purpose)
         if status == 429 {
             let seconds = lane.start(retryAfter: headers.first(name: "Retry-After"))
@@ -119,11 +119,10 @@ public struct UpstreamHTTP: Sendable {
     }
 
     /// RFC 7009 revocation, best effort: failures are logged, never thrown. `tokenEndpoint`: the
-    /// `aud` of a client assertion that names the token endpoint.
+    /// upstream's token endpoint, which a client assertion posted here never names.
     func revoke(url: String, token: String, hint: String, tokenEndpoint: String) async {
         do {
-            let request = try settings.authenticatedForm(url: url, [("token", token), ("token_type_hint", hint)],
-                                                         audience: settings.assertionAudience(tokenEndpoint: tokenEndpoint))
+            let request = try settings.authenticatedForm(url: url, [("token", token), ("token_type_hint", hint)], tokenEndpoint: tokenEndpoint)
             let (status, _, _) = try await exchange(request, endpoint: .revoke)
             if status != .ok {
                 logger.warning("upstream revocation refused", metadata: ["upstream": .string(settings.name), "status": .stringConvertible(status.code)])
@@ -155,7 +154,8 @@ public struct UpstreamHTTP: Sendable {
         } catch {
             let mapped = UpstreamFailure.classify(error, upstream: settings.name)
             logger.warning("upstream \(purpose) failed", metadata: [
-                "upstream": .string(settings.name), "error": .string(mapped.code), "reason": .string(mapped.detail),
+                "upstream": .string(settings.name), "error": .string(mapped.code),
+                "reason": .string(UpstreamFailure.logDetail(error, mapped: mapped)),
             ])
             throw mapped
         }

@@ -13,10 +13,13 @@ extension UpstreamSettings {
     /// A form POST to one of this upstream's endpoints carrying Gatehouse's client authentication
     /// the way `client_auth` says: a secret (RFC 6749 §2.3.1), a signed assertion (RFC 7523 §2.2),
     /// or, for the mutual-TLS methods, `client_id` alone, the certificate going on the connection
-    /// (RFC 8705 §2). `audience` is the `aud` of an assertion (see `assertionAudience`).
-    public func authenticatedForm(url: String, _ parameters: [(String, String)], audience: String, now: Date = Date())
+    /// (RFC 8705 §2). An assertion's `aud` is decided here from `url`, the URL it is posted to
+    /// (`assertionAudience(postedTo:tokenEndpoint:)`), so no caller can name another endpoint.
+    /// `tokenEndpoint`: the upstream's token endpoint (`nil` when not known).
+    public func authenticatedForm(url: String, _ parameters: [(String, String)], tokenEndpoint: String?, now: Date = Date())
         throws(OAuthError) -> HTTPClientRequest
     {
+        let audience = assertionAudience(postedTo: url, tokenEndpoint: tokenEndpoint)
         var form = parameters
         var request = HTTPClientRequest(url: url)
         request.method = .POST
@@ -50,15 +53,13 @@ extension UpstreamSettings {
         return request
     }
 
-    /// The `aud` of this upstream's client assertions: its issuer (`issuer`, the default; an
-    /// upstream without one, a plain OAuth 2.0 server, is named by its token endpoint), its token
-    /// endpoint, or the URL configured.
-    public func assertionAudience(tokenEndpoint: String) -> String {
-        switch clientAssertion?.audience ?? .issuer {
-        case .issuer: profile.issuerIdentifier ?? tokenEndpoint
-        case .tokenEndpoint: tokenEndpoint
-        case .url(let url): url
-        }
+    /// The `aud` of this upstream's client assertion posted to `url`: its issuer (`issuer`, the
+    /// default; an upstream without one, a plain OAuth 2.0 server, names each endpoint by its URL),
+    /// the endpoint's URL (`endpoint`; `token_endpoint`, which names the token endpoint there only),
+    /// or the URL configured; never the token endpoint's URL at another endpoint
+    /// (`ClientAssertionAudience.audience(postedTo:tokenEndpoint:issuer:)`).
+    public func assertionAudience(postedTo url: String, tokenEndpoint: String?) -> String {
+        (clientAssertion?.audience ?? .issuer).audience(postedTo: url, tokenEndpoint: tokenEndpoint, issuer: profile.issuerIdentifier)
     }
 
     /// The TLS settings of every connection to this upstream: its `ca_file` trusted besides the

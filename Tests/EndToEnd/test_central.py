@@ -1196,15 +1196,105 @@ def test_every_s2s_call_signs_the_path_it_is_sent_to(central):
         ("/api/v1/auth/verify", "accepted"), ("/api/v1/auth/email", "accepted"), ("/api/v1/auth/verify-native", "accepted")], new
 
 
+def gatehouse_log(central):
+    return (central.workdir / "central-gatehouse.log").read_text(errors="replace")
+
+
+def log_since(central, offset, marker, what):
+    """The log lines written after `offset` (a length of the log), once `marker` is among them."""
+    wait_until(lambda: marker in gatehouse_log(central)[offset:], 5, what)
+    return gatehouse_log(central)[offset:]
+
+
 def test_an_api_base_without_the_providers_api_prefix_is_502_not_an_unknown_code(central):
-    """`api_base` without /api reaches no route of the provider (its 404 is not "Auth code not found"):
-    Gatehouse answers 502 and says what to check, instead of telling the app its code is unknown."""
+    """`api_base` without /api reaches no route of the provider (Hono's text 404, not the provider's
+    JSON error): Gatehouse answers 502 and says what to check in its log, never to the app; the
+    magic-link call fails the same way (a wrong api_base fails every call)."""
     code, _ = central.mint()
-    before = central.stats()
+    before, offset = central.stats(), len(gatehouse_log(central))
     answer = central.exchange(code, path="/noprefix/auth")
-    assert_error(answer, 502)
+    body = assert_error(answer, 502)
+    assert "api_base" not in json.dumps(body), body
+    mail = central.post("/noprefix/auth/send-magic-link", {"email": "someone@example.test"})
+    assert_error(mail, 502)
     assert s2s_since(before, central.stats()) == [], "a request without /api reached an S2S route"
-    wait_until(lambda: "check api_base" in (central.workdir / "central-gatehouse.log").read_text(), 5, "the api_base hint in the log")
+    lines = log_since(central, offset, "/v1/auth/email", "the api_base hint of the magic link in the log")
+    assert lines.count("check api_base") >= 2, lines
+
+
+SPENT_CODES = ["replayed", "expired", "unknown", "other app's", "duplicate members"]
+
+
+@pytest.mark.parametrize("case", SPENT_CODES)
+def test_a_spent_or_unknown_code_is_the_providers_404_not_a_502(central, case):
+    """verify.ts answers an unknown, expired, used or other app's code with 404 {"status":404,
+    "message":"Auth code not found"} (its HttpError as api-router.ts writes it). The app gets the seed's
+    404 with that body, exactly; Gatehouse's log has no api_base hint (the route is there: the
+    provider answered its own JSON)."""
+    code, _ = central.mint()
+    if case == "replayed":
+        assert central.exchange(code).status_code == 200
+    elif case == "expired":
+        central.double.control("age", what="codes", seconds=61)
+    elif case == "unknown":
+        code = secrets.token_urlsafe(32)
+    elif case == "other app's":
+        code, _ = central.mint(app=OTHER_APP)
+    before, offset = central.stats(), len(gatehouse_log(central))
+    codes = {code}
+    if case == "duplicate members":  # one code spent, the other unknown: whichever member is read, not found
+        assert central.exchange(code).status_code == 200
+        before = central.stats()
+        unknown = secrets.token_urlsafe(32)
+        codes.add(unknown)
+        answer = central.post("/auth/exchange", b'{"code":"' + unknown.encode() + b'","code":"' + code.encode() + b'"}')
+    else:
+        answer = central.exchange(code)
+    assert_error(answer, 404, CODE_NOT_FOUND["message"])
+    assert answer.json() == CODE_NOT_FOUND
+    sent = s2s_since(before, central.stats())
+    assert [(e["endpoint"], e["outcome"], e.get("status"), e.get("message")) for e in sent] == [
+        ("verify", "accepted", 404, "Auth code not found")], sent
+    body = json.loads(sent[0]["body"])
+    assert body["app"] == APP and body["code"] in codes and set(body) == {"app", "code"}, body
+    lines = log_since(central, offset, "central api request refused", "the refusal in the log")
+    assert "check api_base" not in lines, lines
+
+
+def test_a_spent_code_on_the_standard_face_is_a_refused_sign_in_not_a_bad_gateway(central):
+    """The provider's 404 for a code at Gatehouse's callback (a replayed return): the app is told the
+    code was not accepted (the description says so), not that the provider answered HTTP 404."""
+    app, cookie, callback = begin_standard_sign_in(central)
+    code = query(callback)["code"]
+    central.seen.add(code, kind="central auth code")
+    assert central.exchange(code).status_code == 200  # spent before the browser comes back
+    before = central.stats()
+    done = finish(callback, cookie)
+    assert done.status_code == 302, done.text[:300]
+    received = query(done.headers["Location"])
+    assert received.get("state") == app.state and "code" not in received, sorted(received)
+    assert received.get("error") == "server_error", received
+    assert "does not know the code" in received.get("error_description", ""), received
+    assert "404" not in received["error_description"] and "api_base" not in received["error_description"], received
+    assert [(e["outcome"], e.get("status")) for e in s2s_since(before, central.stats())] == [("accepted", 404)]
+
+
+@pytest.mark.parametrize("kind, hint", [("403", "s2s_private_key_file"), ("400", "Validation Error")])
+def test_the_providers_other_refusals_of_a_code_are_502_with_the_reason_in_the_log(central, kind, hint):
+    """verify.ts's other answers: 403 "Auth code could not be verified" (the code's RSA envelope did
+    not open: Gatehouse's key) and api-router.ts's 400 "Validation Error": not the app's doing, so
+    502 to the app with nothing of the provider's words, the reason in the log, no api_base hint."""
+    code, _ = central.mint()
+    central.double.fault("verify", kind, times=1)
+    before, offset = central.stats(), len(gatehouse_log(central))
+    try:
+        answer = central.exchange(code)
+    finally:
+        central.double.fault("verify", "none")
+    assert_error(answer, 502, "Bad Gateway")
+    assert [(e["outcome"], e.get("fault")) for e in s2s_since(before, central.stats())] == [("fault", kind)]
+    lines = log_since(central, offset, "central api request failed", "the failure in the log")
+    assert hint in lines and "check api_base" not in lines, lines
 
 
 @pytest.mark.parametrize("kind, status", [("down", 503), ("garbage", 502), ("500", None)])

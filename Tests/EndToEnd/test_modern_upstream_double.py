@@ -59,6 +59,7 @@ def double(workdir, pki, seen):
                assertion_algorithms=["PS256"]),
         client("pk-uri", "private_key_jwt", jwks_uri=jwks_server.url, assertion_audience="any"),
         client("pk-par", "private_key_jwt", jwks=pki.jwks(pki.ec_key), assertion_audience="issuer", require_par=True),
+        client("pk-endpoint", "private_key_jwt", jwks=pki.jwks(pki.ec_key), assertion_audience="endpoint"),
         client("mtls", "tls_client_auth", tls_client_auth_subject_dn=CLIENT_DN),
         client("self-signed", "self_signed_tls_client_auth", jwks={"keys": [pki.certificate_jwk(pki.self_signed_cert)]}),
         client("self-signed-malformed", "self_signed_tls_client_auth", jwks_uri=malformed_server.url),
@@ -226,6 +227,27 @@ def test_ps256_with_the_token_endpoint_as_audience(double):
         double, pki.rsa_key, "pk-ps-token", double["url"] + "/token", alg="PS256")}))
     assert body["token_type"] == "Bearer"
     assert last(double, "token", "pk-ps-token")["client_assertion"]["header"]["alg"] == "PS256"
+
+
+def test_an_endpoint_audience_client_takes_at_each_endpoint_its_own_url_only(double):
+    """assertion_audience "endpoint" (idpyoidc's rule): the token endpoint takes an assertion naming
+    the token endpoint, the revocation endpoint one naming the revocation endpoint; the issuer, or
+    another endpoint's URL, is refused with the reason recorded."""
+    pki, url = double["pki"], double["url"]
+    flow = Flow("pk-endpoint")
+    code = flow.code(double)
+    for audience in (url, url + "/revoke", url + "/par"):
+        refused = post(double, url + "/token", {**flow.redeem_form(code), **assertion_form(double, pki.ec_key, "pk-endpoint", audience)})
+        refused_client(refused)
+        assert "aud" in last(double, "token", "pk-endpoint")["error_description"], last(double, "token", "pk-endpoint")
+    body = tokens_of(double, post(double, url + "/token", {**flow.redeem_form(code), **assertion_form(
+        double, pki.ec_key, "pk-endpoint", url + "/token")}))
+    assert last(double, "token", "pk-endpoint")["url"] == url + "/token"
+    revoke = {"token": body["refresh_token"], "client_id": "pk-endpoint"}
+    refused_client(post(double, url + "/revoke", {**revoke, **assertion_form(double, pki.ec_key, "pk-endpoint", url + "/token")}))
+    accepted = post(double, url + "/revoke", {**revoke, **assertion_form(double, pki.ec_key, "pk-endpoint", url + "/revoke")})
+    assert accepted.status_code == 200, accepted.text
+    assert last(double, "revocation", "pk-endpoint")["revoked"] == "refresh_token"
 
 
 def test_a_key_that_is_not_the_registered_one_is_refused(double):

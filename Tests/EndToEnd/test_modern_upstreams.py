@@ -10,14 +10,17 @@ thumbprint, the parameters pushed and those the browser carried. Gatehouse's wor
 Three doubles (HTTPS, a test CA that Gatehouse trusts through `ca_file`):
 
     modern    PAR optional. Clients: gatehouse-es (ES256, aud issuer), gatehouse-ps (PS256, aud the
-              token endpoint), gatehouse-rotation (two keys, read from Gatehouse's jwks_uri),
+              endpoint posted to, as idpyoidc checks; Gatehouse's audience: token_endpoint),
+              gatehouse-plain (an oauth2 upstream without issuer: aud the endpoint), gatehouse-rotation (two keys, read from Gatehouse's jwks_uri),
               gatehouse-mtls (tls_client_auth), gatehouse-self (self_signed_tls_client_auth, its
               certificate read from Gatehouse's jwks_uri), gatehouse-wrong-key (registers a key
               Gatehouse does not have), gatehouse-untrusted (tls_client_auth; Gatehouse presents a
               certificate of a CA the double does not trust), gatehouse-long (accepts assertions
               of 30 s at most; Gatehouse's live 60 s)
     par       require_pushed_authorization_requests: gatehouse-par (private_key_jwt),
-              gatehouse-par-mtls (tls_client_auth), gatehouse-par-never (Gatehouse told never to push)
+              gatehouse-par-mtls (tls_client_auth), gatehouse-par-never (Gatehouse told never to push),
+              gatehouse-par-endpoint (aud the endpoint posted to; Gatehouse's audience: endpoint, served
+              by a second Gatehouse, `endpoint_audience`)
     skewed    its clock 10 minutes ahead: every assertion Gatehouse signs is expired there
 
 and one Gatehouse (SQLite) with an upstream per double client, and per upstream a sealed app
@@ -27,9 +30,11 @@ upstream refresh).
 
 import base64
 import hashlib
+import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -114,52 +119,58 @@ def pki(workdir, seen):
 
 @pytest.fixture(scope="module")
 def setup(workdir, seen, pki):
-    port = free_port()
+    port, metrics_port, endpoint_port = free_port(), free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     callback = f"{base}/oauth/callback"
+    endpoint_base = f"http://127.0.0.1:{endpoint_port}"
 
     def jwks_uri(name):
         return f"{base}/upstreams/{name}/jwks.json"
 
+    own = {name: pki.assertion_key(name) for name in ("rotation-old", "wrong-key", "long", "par", "par-never", "expired", "no-ca",
+                                                      "par-endpoint")}
+
     modern_clients = [
         double_client("gatehouse-es", "private_key_jwt", callback, jwks=pki.jwks(pki.ec_key), assertion_audience="issuer",
                       assertion_algorithms=["ES256"]),
-        double_client("gatehouse-ps", "private_key_jwt", callback, jwks=pki.jwks(pki.rsa_key), assertion_audience="token_endpoint",
+        double_client("gatehouse-ps", "private_key_jwt", callback, jwks=pki.jwks(pki.rsa_key), assertion_audience="endpoint",
                       assertion_algorithms=["PS256"]),
         double_client("gatehouse-rotation", "private_key_jwt", callback, jwks_uri=jwks_uri("rotation"), assertion_audience="issuer"),
         double_client("gatehouse-mtls", "tls_client_auth", callback, tls_client_auth_subject_dn=CLIENT_DN),
         double_client("gatehouse-self", "self_signed_tls_client_auth", callback, jwks_uri=jwks_uri("self-signed")),
         double_client("gatehouse-wrong-key", "private_key_jwt", callback, jwks=pki.jwks(pki.stranger_ec_key), assertion_audience="issuer"),
         double_client("gatehouse-untrusted", "tls_client_auth", callback, tls_client_auth_subject_dn=CLIENT_DN),
-        double_client("gatehouse-long", "private_key_jwt", callback, jwks=pki.jwks(pki.ec_key), assertion_audience="issuer",
+        double_client("gatehouse-long", "private_key_jwt", callback, jwks=pki.jwks(own["long"]), assertion_audience="issuer",
                       max_assertion_lifetime=30),
-        double_client("gatehouse-plain", "private_key_jwt", callback, jwks=pki.jwks(pki.rsa_key), assertion_audience="token_endpoint",
+        double_client("gatehouse-plain", "private_key_jwt", callback, jwks=pki.jwks(pki.rsa_key_2), assertion_audience="endpoint",
                       assertion_algorithms=["RS256"], scopes=["profile", "email"]),
     ]
     par_clients = [
-        double_client("gatehouse-par", "private_key_jwt", callback, jwks=pki.jwks(pki.ec_key), assertion_audience="issuer"),
+        double_client("gatehouse-par", "private_key_jwt", callback, jwks=pki.jwks(own["par"]), assertion_audience="issuer"),
         double_client("gatehouse-par-mtls", "tls_client_auth", callback, tls_client_auth_subject_dn=CLIENT_DN),
-        double_client("gatehouse-par-never", "private_key_jwt", callback, jwks=pki.jwks(pki.ec_key), assertion_audience="issuer"),
+        double_client("gatehouse-par-never", "private_key_jwt", callback, jwks=pki.jwks(own["par-never"]), assertion_audience="issuer"),
+        double_client("gatehouse-par-endpoint", "private_key_jwt", f"{endpoint_base}/oauth/callback", jwks=pki.jwks(own["par-endpoint"]),
+                      assertion_audience="endpoint"),
     ]
-    skewed_clients = [double_client("gatehouse-expired", "private_key_jwt", callback, jwks=pki.jwks(pki.ec_key), assertion_audience="issuer")]
+    skewed_clients = [double_client("gatehouse-expired", "private_key_jwt", callback, jwks=pki.jwks(own["expired"]), assertion_audience="issuer")]
     with run_modern(workdir, "modern-upstream", double_config(pki, modern_clients)) as modern, \
             run_modern(workdir, "modern-upstream-par", double_config(pki, par_clients, require_pushed_authorization_requests=True)) as par, \
             run_modern(workdir, "modern-upstream-skewed", double_config(pki, skewed_clients, clock_offset=600)) as skewed:
         upstreams = "".join([
             pkjwt_upstream("es", modern, pki, "gatehouse-es", [pki.ec_key], algorithm="ES256", audience="issuer"),
             pkjwt_upstream("ps", modern, pki, "gatehouse-ps", [pki.rsa_key], algorithm="PS256", audience="token_endpoint"),
-            pkjwt_upstream("rotation", modern, pki, "gatehouse-rotation", [pki.ec_key_2, pki.ec_key]),
+            pkjwt_upstream("rotation", modern, pki, "gatehouse-rotation", [pki.ec_key_2, own["rotation-old"]]),
             certificate_upstream("mtls", modern, pki, "gatehouse-mtls", "tls_client_auth", pki.client_cert, pki.client_key),
             certificate_upstream("self-signed", modern, pki, "gatehouse-self", "self_signed_tls_client_auth",
                                  pki.self_signed_cert, pki.self_signed_key),
-            pkjwt_upstream("wrong-key", modern, pki, "gatehouse-wrong-key", [pki.ec_key]),
+            pkjwt_upstream("wrong-key", modern, pki, "gatehouse-wrong-key", [own["wrong-key"]]),
             certificate_upstream("untrusted", modern, pki, "gatehouse-untrusted", "tls_client_auth", pki.untrusted_cert, pki.untrusted_key),
-            pkjwt_upstream("long", modern, pki, "gatehouse-long", [pki.ec_key], lifetime="60s"),
-            pkjwt_upstream("par", par, pki, "gatehouse-par", [pki.ec_key], par="auto"),
+            pkjwt_upstream("long", modern, pki, "gatehouse-long", [own["long"]], lifetime="60s"),
+            pkjwt_upstream("par", par, pki, "gatehouse-par", [own["par"]], par="auto"),
             certificate_upstream("par-mtls", par, pki, "gatehouse-par-mtls", "tls_client_auth", pki.client_cert, pki.client_key),
-            pkjwt_upstream("par-never", par, pki, "gatehouse-par-never", [pki.ec_key], par="never"),
-            pkjwt_upstream("expired", skewed, pki, "gatehouse-expired", [pki.ec_key]),
-            pkjwt_upstream("no-ca", modern, pki, "gatehouse-es", [pki.ec_key], ca=False),
+            pkjwt_upstream("par-never", par, pki, "gatehouse-par-never", [own["par-never"]], par="never"),
+            pkjwt_upstream("expired", skewed, pki, "gatehouse-expired", [own["expired"]]),
+            pkjwt_upstream("no-ca", modern, pki, "gatehouse-es", [own["no-ca"]], ca=False),  # fails before any assertion
             f"""
   - name: plain
     kind: oauth2
@@ -172,7 +183,7 @@ def setup(workdir, seen, pki):
     client_id: gatehouse-plain
     client_auth: private_key_jwt
     client_assertion:
-      keys: [{pki.rsa_key}]
+      keys: [{pki.rsa_key_2}]
     scopes: [profile, email]""",
         ])
         names = ["es", "ps", "rotation", "mtls", "self-signed", "wrong-key", "untrusted", "long", "par", "par-mtls", "par-never", "expired",
@@ -182,9 +193,28 @@ upstreams:{upstreams}
 clients:{"".join(apps(name) for name in names)}
 sessions:
   encryption_keys_file: {session_keys(workdir, "modern-session-keys", seen)}
+observability:
+  metrics:
+    listen: 127.0.0.1:{metrics_port}
 """
         with run_gatehouse(workdir, "modern", config, dict(os.environ)) as gatehouse:
-            yield {**gatehouse, "url": base, "modern": modern, "par": par, "skewed": skewed, "pki": pki, "seen": seen}
+            yield {**gatehouse, "url": base, "modern": modern, "par": par, "skewed": skewed, "pki": pki, "seen": seen,
+                   "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics", "endpoint_port": endpoint_port}
+
+
+@pytest.fixture(scope="module")
+def endpoint_audience(setup, workdir, seen, pki):
+    """A second Gatehouse, with `client_assertion.audience: endpoint` toward the PAR-requiring
+    double (whose client gatehouse-par-endpoint takes at each endpoint an assertion naming it only)."""
+    port = setup["endpoint_port"]
+    config = server_and_store(port, f"{workdir}/modern-endpoint.sqlite") + f"""
+upstreams:{pkjwt_upstream("par-endpoint", setup["par"], pki, "gatehouse-par-endpoint", [pki.assertion_key("par-endpoint")], audience="endpoint")}
+clients:{apps("par-endpoint")}
+sessions:
+  encryption_keys_file: {session_keys(workdir, "modern-endpoint-session-keys", seen)}
+"""
+    with run_gatehouse(workdir, "modern-endpoint", config, dict(os.environ)) as gatehouse:
+        yield {**setup, **gatehouse, "url": f"http://127.0.0.1:{port}"}
 
 
 # --- the app's side -------------------------------------------------------------------------------
@@ -270,10 +300,20 @@ def gatehouse_alive(setup):
 # --- private_key_jwt: sign-in, refresh, revocation ---------------------------------------------------
 
 PKJWT = {
-    # upstream: (double client, key, alg, audience (relative to the double's URL))
-    "es": ("gatehouse-es", "ec_key", "ES256", ""),
-    "ps": ("gatehouse-ps", "rsa_key", "PS256", "/token"),
+    # upstream: (double client, key, alg, what the audience names: the issuer, or the endpoint posted to)
+    "es": ("gatehouse-es", "ec_key", "ES256", "issuer"),
+    "ps": ("gatehouse-ps", "rsa_key", "PS256", "endpoint"),
 }
+ENDPOINT_PATHS = {"token": "/token", "par": "/par", "revocation": "/revoke"}
+
+
+def audience_of(entry, names, double):
+    """The aud an assertion must carry at the endpoint `entry` records: the issuer, or the URL the
+    double says it was posted to, which must be that endpoint's on the main listener."""
+    if names == "issuer":
+        return double["url"]
+    assert entry["url"] == double["url"] + ENDPOINT_PATHS[entry["endpoint"]], entry
+    return entry["url"]
 
 
 @pytest.mark.parametrize("upstream", sorted(PKJWT))
@@ -290,7 +330,7 @@ def test_private_key_jwt_sealed_sign_in_signs_the_token_request(setup, upstream)
     assert [entry["grant_type"] for entry in tokens] == ["authorization_code"], tokens
     entry = tokens[0]
     assert entry["status"] == 200 and entry["listener"] == "main", entry
-    assert assertion_checks(entry, client_id, modern["url"] + audience, kid(pki, getattr(pki, key)), 60, alg) == []
+    assert assertion_checks(entry, client_id, audience_of(entry, audience, modern), kid(pki, getattr(pki, key)), 60, alg) == []
     assert "client_id" in entry["form"] and "client_secret" not in entry["form"]
     assert entry["params"]["client_assertion_type"] == ASSERTION_TYPE
     assert entry["client_certificate"] is None  # nothing but the assertion authenticated Gatehouse
@@ -312,13 +352,15 @@ def test_private_key_jwt_refresh_is_signed_with_a_fresh_jti(setup, upstream):
     assert [entry["grant_type"] for entry in tokens] == ["authorization_code", "refresh_token", "refresh_token"], tokens
     for entry in tokens:
         assert entry["status"] == 200, entry
-        assert assertion_checks(entry, client_id, modern["url"] + audience, kid(pki, getattr(pki, key)), 60, alg) == []
+        assert assertion_checks(entry, client_id, audience_of(entry, audience, modern), kid(pki, getattr(pki, key)), 60, alg) == []
     assert all(entry.get("refresh_rotated") for entry in tokens[1:])
     assert_distinct_jti(tokens)
 
 
 @pytest.mark.parametrize("upstream", sorted(PKJWT))
-def test_private_key_jwt_revocation_is_signed(setup, upstream):
+def test_private_key_jwt_revocation_is_signed_for_the_revocation_endpoint(setup, upstream):
+    """With `audience: token_endpoint` (ps) the revocation assertion names the revocation endpoint,
+    never the token endpoint: the double (as idpyoidc) takes at each endpoint its own URL only."""
     client_id, key, alg, audience = PKJWT[upstream]
     pki, modern = setup["pki"], setup["modern"]
     before = mark(setup)
@@ -331,14 +373,15 @@ def test_private_key_jwt_revocation_is_signed(setup, upstream):
     assert len(revocations) == 1, revocations
     entry = revocations[0]
     assert entry["status"] == 200 and entry["revoked"] == "refresh_token", entry  # the refresh token of that session
-    assert assertion_checks(entry, client_id, modern["url"] + audience, kid(pki, getattr(pki, key)), 60, alg) == []
+    assert assertion_checks(entry, client_id, audience_of(entry, audience, modern), kid(pki, getattr(pki, key)), 60, alg) == []
     assert_distinct_jti(entries(log, None, client_id))
     assert app.refresh(pair["refresh_token"]).status_code == 400
 
 
-def test_an_oauth2_upstream_pushes_signs_refreshes_and_revokes_with_its_token_endpoint_as_audience(setup):
-    """`kind: oauth2` has no issuer: the assertions name its token endpoint; its configured PAR
-    endpoint is used (`pushed_authorization_requests: auto`)."""
+def test_an_oauth2_upstream_pushes_signs_refreshes_and_revokes_each_assertion_naming_its_endpoint(setup):
+    """`kind: oauth2` has no issuer: each assertion names the endpoint it is posted to (PAR, token,
+    revocation), never the token endpoint elsewhere; its configured PAR endpoint is used
+    (`pushed_authorization_requests: auto`)."""
     pki, modern = setup["pki"], setup["modern"]
     before = mark(setup)
     app, pair = signed_in(setup, "com.example.plain", scope="profile email")
@@ -353,8 +396,32 @@ def test_an_oauth2_upstream_pushes_signs_refreshes_and_revokes_with_its_token_en
     signed = [entry for entry in log if entry["endpoint"] != "authorize"]
     for entry in signed:
         assert entry["status"] in (200, 201) and entry["client_auth"] == "private_key_jwt", entry
-        assert assertion_checks(entry, "gatehouse-plain", modern["url"] + "/token", kid(pki, pki.rsa_key), 60, "RS256") == []
+        assert assertion_checks(entry, "gatehouse-plain", audience_of(entry, "endpoint", modern), kid(pki, pki.rsa_key_2), 60, "RS256") == []
     assert_distinct_jti(signed)
+
+
+def test_audience_endpoint_names_the_exact_url_of_each_endpoint_posted_to(endpoint_audience):
+    """`client_assertion.audience: endpoint`: the pushed authorization request's assertion names the
+    PAR endpoint, the code exchange's and refresh's the token endpoint, the revocation's the
+    revocation endpoint, each as the double recorded the URL it arrived on; the double takes at each
+    endpoint an assertion naming it only, so every call succeeds."""
+    setup = endpoint_audience
+    pki, par = setup["pki"], setup["par"]
+    before = mark(setup, "par")
+    app, pair = signed_in(setup, "com.example.par-endpoint")
+    passthrough, tokens = signed_in(setup, "com.example.par-endpoint.pt")
+    refreshed = passthrough.refresh(tokens["refresh_token"])
+    assert refreshed.status_code == 200, refreshed.text
+    revoked = requests.post(setup["url"] + "/oauth/revoke", timeout=30, data={"token": pair["refresh_token"], "client_id": app.client_id})
+    assert revoked.status_code == 200, revoked.text
+    log = [entry for entry in entries(wire(setup, "par", before), None, "gatehouse-par-endpoint") if entry["endpoint"] in ENDPOINT_PATHS]
+    assert [entry["endpoint"] for entry in log] == ["par", "token", "par", "token", "token", "revocation"], log
+    for entry in log:
+        assert entry["status"] in (200, 201), entry
+        assert assertion_checks(entry, "gatehouse-par-endpoint", audience_of(entry, "endpoint", par), kid(pki, pki.assertion_key("par-endpoint")),
+                                60, "ES256") == []
+    assert [entry["revoked"] for entry in log if entry["endpoint"] == "revocation"] == ["refresh_token"]
+    assert_distinct_jti(log)
 
 
 def test_a_replayed_assertion_of_gatehouse_is_refused_by_the_upstream(setup):
@@ -384,7 +451,7 @@ def test_the_published_keys_are_both_public_keys_with_thumbprint_kids(setup):
     assert answer.headers["Content-Type"].startswith(("application/json", "application/jwk-set+json"))
     keys = answer.json()["keys"]
     assert len(keys) == 2, keys
-    assert {key["kid"] for key in keys} == {kid(pki, pki.ec_key_2), kid(pki, pki.ec_key)}
+    assert {key["kid"] for key in keys} == {kid(pki, pki.ec_key_2), kid(pki, pki.assertion_key("rotation-old"))}
     for key in keys:
         assert key["kid"] == thumbprint(key), key  # RFC 7638 of the published members
         assert not [member for member in PRIVATE_MEMBERS if member in key], key
@@ -401,7 +468,7 @@ def test_rotation_signs_with_the_first_key_which_the_upstream_reads_from_the_jwk
     entry = entries(wire(setup, "modern", before), "token", "gatehouse-rotation")[-1]
     assert entry["status"] == 200, entry
     assert entry["jwks_source"] == "jwks_uri"
-    assert set(entry["jwks_kids"]) == {kid(pki, pki.ec_key_2), kid(pki, pki.ec_key)}
+    assert set(entry["jwks_kids"]) == {kid(pki, pki.ec_key_2), kid(pki, pki.assertion_key("rotation-old"))}
     assert assertion_checks(entry, "gatehouse-rotation", modern["url"], kid(pki, pki.ec_key_2), 60, "ES256") == []
 
 
@@ -459,6 +526,31 @@ def test_mtls_sign_in_userinfo_refresh_and_revocation_go_to_the_aliases_with_the
         assert all(entry.get("jwks_source") == "jwks_uri" for entry in calls if entry["endpoint"] != "userinfo")
 
 
+#: What an app is told of a failed TLS handshake toward its upstream: nothing it could act on.
+TLS_DESCRIPTION = "Gatehouse could not reach the sign-in service securely"
+#: What the operator's side says and the app's never does: a BoringSSL reason, a setting, a certificate.
+OPERATOR_WORDS = re.compile(r"\b[A-Z0-9]+_[A-Z0-9_]{3,}\b|\bTLS|ca_file|[Cc]ertificate|[Hh]andshake|BoringSSL|OPENSSL")
+
+
+def wait_for_log(setup, since, *needles, timeout=10):
+    """Gatehouse's log after `since` (a length), once it holds every needle (polled, no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = setup["log"].read_text(errors="replace")[since:]
+        if all(needle in text for needle in needles) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def metric(setup, upstream, endpoint, outcome):
+    text = requests.get(setup["metrics_url"], timeout=10).text
+    pattern = re.compile(r'^gatehouse_upstream_requests_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
+    for labels, value in pattern.findall(text):
+        if {f'upstream="{upstream}"', f'endpoint="{endpoint}"', f'outcome="{outcome}"'} <= set(labels.split(",")):
+            return float(value)
+    return 0.0
+
+
 def test_a_client_certificate_the_upstream_does_not_trust_fails_the_sign_in_clearly(setup):
     before = mark(setup)
     told = failed_sign_in(setup, "com.example.untrusted")
@@ -467,9 +559,8 @@ def test_a_client_certificate_the_upstream_does_not_trust_fails_the_sign_in_clea
     assert any(entry["handshake_error"] == "CERTIFICATE_VERIFY_FAILED" for entry in failures), log
     assert not [entry for entry in entries(log, "token", "gatehouse-untrusted") if entry["status"] == 200]
     gatehouse_alive(setup)
-    # Not an outage to retry: a certificate the upstream refused, said so.
+    # Not an outage to retry: server_error, with nothing of the TLS layer for the app.
     assert told["redirect"]["error"] == "server_error", told
-    assert "TLS handshake" in told["redirect"]["error_description"] and "client certificate" in told["redirect"]["error_description"], told
 
 
 def test_an_upstream_certificate_gatehouse_does_not_trust_fails_the_sign_in_before_any_request(setup):
@@ -479,7 +570,31 @@ def test_an_upstream_certificate_gatehouse_does_not_trust_fails_the_sign_in_befo
     told = failed_sign_in(setup, "com.example.no-ca")
     assert not [entry for entry in wire(setup, "modern", before) if entry.get("endpoint") != "tls-handshake"], "a request reached the double"
     assert told.get("redirect", {}).get("error") == "server_error", told
-    assert "CERTIFICATE_VERIFY_FAILED" in told["redirect"]["error_description"], told
+    gatehouse_alive(setup)
+
+
+@pytest.mark.parametrize("upstream, endpoint, reason, hint", [
+    ("no-ca", "discovery", "CERTIFICATE_VERIFY_FAILED", "ca_file"),
+    ("untrusted", "token", "_ALERT_", "client certificate"),
+], ids=["upstream certificate not trusted", "client certificate refused"])
+def test_a_tls_failure_tells_the_app_a_generic_description_and_the_operator_the_reason(setup, upstream, endpoint, reason, hint):
+    """The app's error_description is one generic sentence, with no BoringSSL reason nor ca_file or
+    client-certificate hint; Gatehouse's log line says both, and the upstream metric counts the
+    call as `tls`. The double's wire record shows the handshake failed (nothing else reached it)."""
+    before, since = mark(setup), len(setup["log"].read_text(errors="replace"))
+    counted = metric(setup, upstream, endpoint, "tls")
+    told = failed_sign_in(setup, f"com.example.{upstream}")
+    description = told["redirect"]["error_description"]
+    assert description == TLS_DESCRIPTION, told
+    assert not OPERATOR_WORDS.search(json.dumps(told)), told
+    handshakes = entries(wire(setup, "modern", before), "tls-handshake")
+    assert handshakes, "the double saw no failed handshake"
+    assert not [entry for entry in wire(setup, "modern", before)
+                if entry.get("endpoint") not in ("tls-handshake", "authorize") and entry.get("status") == 200]
+    text = wait_for_log(setup, since, reason, hint)
+    failure = [line for line in text.splitlines() if reason in line]
+    assert failure and hint in failure[0] and upstream in failure[0], text[-2000:]
+    assert metric(setup, upstream, endpoint, "tls") == counted + 1
     gatehouse_alive(setup)
 
 
@@ -495,7 +610,7 @@ def test_par_required_pushes_the_request_with_client_auth_and_the_browser_carrie
     assert len(pushes) == 1 and pushes[0]["status"] == 201, pushes
     push = pushes[0]
     assert push["listener"] == "main" and push["client_auth"] == "private_key_jwt"
-    assert assertion_checks(push, "gatehouse-par", par["url"], kid(pki, pki.ec_key), 60, "ES256") == []
+    assert assertion_checks(push, "gatehouse-par", par["url"], kid(pki, pki.assertion_key("par")), 60, "ES256") == []
     assert set(push["form"]) >= {"response_type", "client_id", "redirect_uri", "scope", "state", "nonce", "code_challenge",
                                  "code_challenge_method"}, push["form"]
     assert push["params"]["code_challenge_method"] == "S256" and push["params"]["response_type"] == "code"
@@ -568,7 +683,9 @@ def test_no_private_key_nor_assertion_in_the_logs_of_this_module(setup, workdir)
     seen = setup["seen"]
     assert seen.recorded("client assertion"), "the doubles recorded no client assertion"
     seen.harvest()
-    logs = [setup["log"]] + [Path(workdir) / f"{name}.log" for name in ("modern-upstream", "modern-upstream-par", "modern-upstream-skewed")]
+    logs = [setup["log"]] + [Path(workdir) / f"{name}.log" for name in ("modern-upstream", "modern-upstream-par", "modern-upstream-skewed",
+                                                                          "modern-endpoint")
+                             if name != "modern-endpoint" or (Path(workdir) / f"{name}.log").exists()]
     leaks = [f"{path.name}: {kind} ({form})" for path in logs for kind, form in seen.find(path.read_bytes())]
     assert leaks == []
     assert "gatehouse is ready" in setup["log"].read_text()
@@ -663,3 +780,27 @@ def test_check_config_refuses_a_certificate_whose_key_is_another(tmp_path, pki):
 def test_check_config_refuses_private_key_jwt_without_client_assertion(tmp_path, pki):
     text = base_config(tmp_path, pkjwt_yaml(pki.ec_key, assertion=False).replace("CA", str(pki.server_ca)))
     assert_refused(check(tmp_path, text), "client_assertion")
+
+
+def test_check_config_refuses_one_assertion_key_on_several_upstreams(tmp_path, pki):
+    """One key signing for two upstreams would let one upstream replay Gatehouse's assertion at the
+    other (the same iss/sub when the client ids match, a shared key set otherwise): refused, at the
+    later upstream's key with its path and line and the other upstream named, whether the key file
+    is the same or a copy (the key's RFC 7638 thumbprint decides)."""
+    copy = tmp_path / "same-key-copy.pem"
+    copy.write_text(pki.ec_key.read_text())
+    first = pkjwt_yaml(pki.ec_key).replace("CA", str(pki.server_ca))
+    for name, key in (("same file", pki.ec_key), ("a copy", copy)):
+        second = pkjwt_yaml(key).replace("CA", str(pki.server_ca)).replace("name: modern", "name: other").replace(
+            "client_id: gatehouse-pkjwt", "client_id: gatehouse-other")
+        text = base_config(tmp_path, first + second)
+        output = assert_refused(check(tmp_path, text, f"shared-{name.replace(' ', '-')}.yaml"), "upstreams[1].client_assertion.keys[0]",
+                                "'modern'", "upstreams[0].client_assertion.keys[0]", kid(pki, pki.ec_key))
+        second_keys = [number for number, line in enumerate(text.splitlines(), 1) if "keys: [" in line][1]
+        assert f"line {second_keys}" in output, output
+        assert "PRIVATE KEY" not in output
+    # Distinct keys on the two upstreams, and `audience: endpoint`, are accepted.
+    second = pkjwt_yaml(pki.ec_key_2, "\n      audience: endpoint").replace("CA", str(pki.server_ca)).replace(
+        "name: modern", "name: other")
+    accepted = check(tmp_path, base_config(tmp_path, first + second), "distinct.yaml")
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr

@@ -104,7 +104,7 @@ struct ClientCredentialConfigurationTests {
         ]))
         #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.keys[1]: is the same key as another") }, "\(problems)")
         #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.kid: applies to a single key") }, "\(problems)")
-        #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.audience: must be issuer, token_endpoint or a URL") }, "\(problems)")
+        #expect(problems.contains { $0.hasPrefix("upstreams[0].client_assertion.audience: must be issuer, endpoint, token_endpoint or a URL") }, "\(problems)")
     }
 
     @Test func aKidNamesASingleKeyAndAnRSAAlgorithmLeavesAP256KeyOnES256() throws {
@@ -121,18 +121,44 @@ struct ClientCredentialConfigurationTests {
         #expect(mixed.upstreams["modern"]?.clientAssertion?.keys.map(\.algorithm) == [.es256, .ps256])
     }
 
-    @Test func introspectionCannotNameADiscoveredTokenEndpoint() {
+    @Test func introspectionTakesAnyAudienceSinceItsAssertionsNameTheIntrospectionEndpoint() throws {
         let identity: (String, ConfigNode) = ("identity", Self.m([("kind", Self.s("introspection")), ("url", Self.s("https://id.example.com/introspect"))]))
-        let problems = Self.problems(Self.document([
-            ("client_auth", Self.s("private_key_jwt")), identity,
-            Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("audience", Self.s("token_endpoint"))]),
-        ]))
-        #expect(problems.count == 1 && problems[0].hasPrefix("upstreams[0].client_assertion.audience: token_endpoint is discovered"), "\(problems)")
-        // An oauth2 upstream names its token endpoint: nothing to discover.
-        #expect(Self.problems(Self.document(kind: "oauth2", [
-            ("client_auth", Self.s("private_key_jwt")), identity,
-            Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("audience", Self.s("token_endpoint"))]),
-        ])).isEmpty)
+        for audience in ["token_endpoint", "endpoint", "issuer"] {
+            let configuration = try GatehouseConfiguration.decode(Self.document([
+                ("client_auth", Self.s("private_key_jwt")), identity,
+                Self.assertion([("keys", Self.list([Self.file("client-key.pem")])), ("audience", Self.s(audience))]),
+            ]), secrets: Self.secrets)
+            let expected: ClientAssertionAudience = audience == "endpoint" ? .endpoint : audience == "issuer" ? .issuer : .tokenEndpoint
+            #expect(configuration.upstreams["modern"]?.clientAssertion?.audience == expected)
+        }
+    }
+
+    @Test func oneAssertionKeyOnTwoUpstreamsIsAProblemAtTheSecondWithItsLine() {
+        func upstream(_ name: String, _ keys: [String], line: Int) -> ConfigNode {
+            Self.m([("name", Self.s(name)), ("kind", Self.s("oidc")), ("client_id", Self.s("gatehouse")), ("issuer", Self.s("https://\(name).example.com")),
+                    ("client_auth", Self.s("private_key_jwt")),
+                    ("client_assertion", Self.m([("keys", .sequence(keys.map { ConfigNode.scalar($0, line: line) }, line: line))]))])
+        }
+        // The same key in two files (a copy, so the thumbprint decides, not the path).
+        let copy = FileManager.default.temporaryDirectory.appendingPathComponent("gatehouse-key-copy-\(UUID().uuidString).pem")
+        try? FileManager.default.copyItem(atPath: Self.file("client-key.pem"), toPath: copy.path)
+        defer { try? FileManager.default.removeItem(at: copy) }
+        let document = Self.m([
+            ("server", Self.m([("public_base_url", Self.s("https://gatehouse.example.com"))])),
+            ("store", Self.m([("sqlite_path", Self.s("/tmp/g.sqlite"))])),
+            ("upstreams", .sequence([upstream("first", [Self.file("client-key.pem")], line: 7),
+                                     upstream("second", [Self.file("rsa-2048.pem"), copy.path], line: 15)], line: 0)),
+            ("clients", .sequence([], line: 0)),
+        ])
+        do {
+            _ = try GatehouseConfiguration.decode(document, secrets: Self.secrets)
+            Issue.record("one key on two upstreams was accepted")
+        } catch {
+            let shared = error.problems.filter { $0.message.contains("is the key of the upstream 'first' too") }
+            #expect(shared.map(\.path) == ["upstreams[1].client_assertion.keys[1]"], "\(error.problems)")
+            #expect(shared.first?.line == 15)
+            #expect(shared.first?.message.contains("upstreams[0].client_assertion.keys[0]") == true)
+        }
     }
 
     @Test(arguments: [

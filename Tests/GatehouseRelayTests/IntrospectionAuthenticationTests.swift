@@ -8,8 +8,9 @@ import Synchronization
 import Testing
 
 /// RFC 7662 introspection authenticates as the upstream's token requests do: with
-/// `private_key_jwt`, a fresh assertion whose `aud` is what `client_assertion.audience` says, the
-/// configured token endpoint for an upstream without an issuer (not the introspection URL).
+/// `private_key_jwt`, a fresh assertion whose `aud` is what `client_assertion.audience` says,
+/// the introspection URL itself for an upstream without an issuer, and never the token endpoint
+/// (an assertion naming it would be good for tokens there).
 struct IntrospectionAuthenticationTests {
     static let keyFile = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/client-auth/client-key.pem")
@@ -34,9 +35,10 @@ struct IntrospectionAuthenticationTests {
         return try #require(try JSONSerialization.jsonObject(with: payload) as? [String: Any])
     }
 
-    @Test(arguments: [(ClientAssertionAudience.issuer, "https://as.example/token"), (.tokenEndpoint, "https://as.example/token"),
-                      (.url("https://as.example"), "https://as.example")])
-    func theAssertionNamesTheTokenEndpointOrTheURLConfiguredNeverTheIntrospectionURL(audience: ClientAssertionAudience, expected: String)
+    @Test(arguments: [(ClientAssertionAudience.issuer, "https://as.example/introspect"), (.endpoint, "https://as.example/introspect"),
+                      (.tokenEndpoint, "https://as.example/introspect"), (.url("https://as.example"), "https://as.example"),
+                      (.url("https://as.example/token"), "https://as.example/introspect")])
+    func theAssertionNamesTheIntrospectionEndpointOrTheURLConfiguredNeverTheTokenEndpoint(audience: ClientAssertionAudience, expected: String)
         async throws
     {
         let sent = Mutex<[HTTPClientRequest]>([])

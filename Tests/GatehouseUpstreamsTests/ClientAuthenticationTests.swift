@@ -58,10 +58,11 @@ struct ClientAuthenticationTests {
     @Test(arguments: [(ClientAssertionAlgorithm.es256, true), (.rs256, false), (.ps256, false)])
     func aPrivateKeyJWTAssertionVerifiesAgainstThePublishedKeyWithItsClaims(algorithm: ClientAssertionAlgorithm, ec: Bool) async throws {
         let pem = ec ? Self.p256.pemRepresentation : Self.rsa.pemRepresentation
-        let settings = try Self.settings(.privateKeyJWT, keys: [pem], algorithm: algorithm)
+        var settings = try Self.settings(.privateKeyJWT, keys: [pem], algorithm: algorithm)
         let now = Date()
+        settings.profile = OIDCSettings(issuer: "https://as.example")
         let request = try settings.authenticatedForm(url: "https://as.example/token", [("grant_type", "refresh_token"), ("refresh_token", "rt")],
-                                                     audience: "https://as.example", now: now)
+                                                     tokenEndpoint: "https://as.example/token", now: now)
         #expect(request.headers.first(name: "Authorization") == nil)
         let form = try await Self.form(request)
         #expect(form["client_assertion_type"] == "urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
@@ -83,7 +84,7 @@ struct ClientAuthenticationTests {
         #expect(settings.publishedKeysPath == "/upstreams/modern/jwks.json")
         var seen: Set<String> = []
         for _ in 0..<3 {
-            let form = try await Self.form(try settings.authenticatedForm(url: "https://as.example/token", [], audience: "https://as.example"))
+            let form = try await Self.form(try settings.authenticatedForm(url: "https://as.example/token", [], tokenEndpoint: "https://as.example/token"))
             let assertion = try #require(form["client_assertion"])
             #expect(try Self.header(assertion)["kid"] == settings.publishedKeys[0]["kid"])
             #expect(seen.insert(try await Self.verified(assertion, publishedKeys: [settings.publishedKeys[0]]).jti).inserted)
@@ -92,30 +93,44 @@ struct ClientAuthenticationTests {
         }
     }
 
-    @Test func theAudienceIsTheIssuerTheTokenEndpointOrTheURLConfigured() throws {
-        var issuer = try Self.settings(.privateKeyJWT, keys: [Self.p256.pemRepresentation])
-        // A plain OAuth 2.0 server has no issuer: its token endpoint names it.
-        #expect(issuer.assertionAudience(tokenEndpoint: "https://as.example/token") == "https://as.example/token")
-        issuer.profile = OIDCSettings(issuer: "https://as.example")
-        #expect(issuer.assertionAudience(tokenEndpoint: "https://as.example/token") == "https://as.example")
-        var token = try Self.settings(.privateKeyJWT, keys: [Self.p256.pemRepresentation], audience: .tokenEndpoint)
-        token.profile = OIDCSettings(issuer: "https://as.example")
-        #expect(token.assertionAudience(tokenEndpoint: "https://as.example/token") == "https://as.example/token")
-        var url = try Self.settings(.privateKeyJWT, keys: [Self.p256.pemRepresentation], audience: .url("https://as.example/oauth2"))
-        url.profile = OIDCSettings(issuer: "https://as.example")
-        #expect(url.assertionAudience(tokenEndpoint: "https://as.example/token") == "https://as.example/oauth2")
+    /// Each row: the audience setting, the issuer, where the assertion is posted, and its `aud`.
+    /// The token endpoint's URL is named at the token endpoint only.
+    @Test(arguments: [
+        (ClientAssertionAudience.issuer, "https://as.example", "https://as.example/token", "https://as.example"),
+        (.issuer, "https://as.example", "https://as.example/par", "https://as.example"),
+        (.issuer, nil, "https://as.example/token", "https://as.example/token"),
+        (.issuer, nil, "https://as.example/par", "https://as.example/par"),
+        (.issuer, nil, "https://as.example/revoke", "https://as.example/revoke"),
+        (.endpoint, "https://as.example", "https://as.example/token", "https://as.example/token"),
+        (.endpoint, "https://as.example", "https://as.example/par", "https://as.example/par"),
+        (.endpoint, "https://as.example", "https://mtls.as.example/mfa/challenge", "https://mtls.as.example/mfa/challenge"),
+        (.tokenEndpoint, "https://as.example", "https://as.example/token", "https://as.example/token"),
+        (.tokenEndpoint, "https://as.example", "https://as.example/revoke", "https://as.example/revoke"),
+        (.tokenEndpoint, "https://as.example", "https://other.example/introspect", "https://other.example/introspect"),
+        (.url("https://as.example/oauth2"), "https://as.example", "https://as.example/par", "https://as.example/oauth2"),
+        (.url("https://as.example/token"), "https://as.example", "https://as.example/token", "https://as.example/token"),
+        (.url("https://as.example/token"), "https://as.example", "https://as.example/par", "https://as.example/par"),
+    ] as [(ClientAssertionAudience, String?, String, String)])
+    func theAudienceNeverNamesTheTokenEndpointAtAnotherEndpoint(audience: ClientAssertionAudience, issuer: String?, postedTo: String,
+                                                                expected: String) async throws
+    {
+        var settings = try Self.settings(.privateKeyJWT, keys: [Self.p256.pemRepresentation], audience: audience)
+        if let issuer { settings.profile = OIDCSettings(issuer: issuer) }
+        let form = try await Self.form(try settings.authenticatedForm(url: postedTo, [], tokenEndpoint: "https://as.example/token"))
+        let claims = try await Self.verified(try #require(form["client_assertion"]), publishedKeys: settings.publishedKeys)
+        #expect(claims.aud == expected)
     }
 
     @Test(arguments: [ClientAuthentication.tlsClientAuth, .selfSignedTLSClientAuth])
     func theMutualTLSMethodsSendTheClientIDAndNoSecret(method: ClientAuthentication) async throws {
         let form = try await Self.form(try Self.settings(method).authenticatedForm(url: "https://as.example/token", [("grant_type", "x")],
-                                                                                   audience: "unused"))
+                                                                                   tokenEndpoint: "https://as.example/token"))
         #expect(form == ["grant_type": "x", "client_id": "gatehouse"])
     }
 
     @Test func aFormThatNamesTheClientAlreadyIsNotGivenASecondClientID() async throws {
         let request = try Self.settings(.clientSecretPost).authenticatedForm(url: "https://as.example/par", [("client_id", "gatehouse")],
-                                                                             audience: "unused")
+                                                                             tokenEndpoint: "https://as.example/token")
         var collected = ByteBuffer()
         for try await var chunk in try #require(request.body) { collected.writeBuffer(&chunk) }
         #expect(String(buffer: collected) == "client_id=gatehouse&client_secret=s3cret")
@@ -133,9 +148,10 @@ struct ClientAuthenticationTests {
         #expect(pushed["response_type"] == "code" && pushed["state"] == "st" && pushed["redirect_uri"] == "https://gh.example/oauth/callback")
         let verifier = try #require(begun.memo.codeVerifier)
         #expect(pushed["code_challenge_method"] == "S256" && pushed["code_challenge"] == PKCE.challenge(for: verifier))
-        // Authenticated as at the token endpoint: an oauth2 upstream is named by its token endpoint.
+        // An oauth2 upstream has no issuer: the assertion names the PAR endpoint it is pushed to,
+        // never the token endpoint (where it would be good for tokens).
         let claims = try await Self.verified(try #require(pushed["client_assertion"]), publishedKeys: settings.publishedKeys)
-        #expect(claims.aud == "https://as.example/token")
+        #expect(claims.aud == "https://as.example/par")
     }
 
     @Test func aRefusedOrUnreadablePushIsABadUpstreamAndNeverTheBrowsersProblem() async throws {

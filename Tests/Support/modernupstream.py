@@ -118,8 +118,22 @@ class Pki:
         self.client_ca, self.client_cert, self.client_key = d / "client-ca.pem", d / "client.pem", d / "client-key.pem"
         self.self_signed_cert, self.self_signed_key = d / "self-signed.pem", d / "self-signed-key.pem"
         self.untrusted_cert, self.untrusted_key = d / "untrusted.pem", d / "untrusted-key.pem"
+        self.own_keys, self.seen = [], None
         if not self.untrusted_key.exists():
             self._make()
+
+    def assertion_key(self, upstream, kind="ec"):
+        """A client-assertion key of `upstream`'s own (Gatehouse refuses one key under two upstreams):
+        a P-256 (`ec`) or RSA 2048 (`rsa`) key made on first use, in the run's secrets once recorded."""
+        path = self.directory / f"assertion-{upstream}-{kind}.pem"
+        if not path.exists():
+            key = ec.generate_private_key(ec.SECP256R1()) if kind == "ec" else rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            path.write_bytes(_pem_key(key))
+        if path not in self.own_keys:
+            self.own_keys.append(path)
+            if self.seen is not None:
+                self.record_key(path, self.seen)
+        return path
 
     def _make(self):
         for path in (self.rsa_key, self.rsa_key_2):
@@ -158,7 +172,7 @@ class Pki:
 
     def private_keys(self):
         return [self.rsa_key, self.rsa_key_2, self.ec_key, self.ec_key_2, self.stranger_ec_key, self.server_key,
-                self.client_key, self.self_signed_key, self.untrusted_key]
+                self.client_key, self.self_signed_key, self.untrusted_key, *self.own_keys]
 
     @classmethod
     def recorded(cls, directory, seen):
@@ -168,15 +182,21 @@ class Pki:
         return pki
 
     def record(self, seen):
-        """Every private key into the run's secrets: its PEM, its base64 body, its DER's base64."""
+        """Every private key into the run's secrets (and every key made later): its PEM, its base64
+        body, its DER's base64."""
+        self.seen = seen
         for path in self.private_keys():
-            pem = path.read_text()
-            body = "".join(line for line in pem.splitlines() if not line.startswith("-----"))
-            seen.add(pem, kind="private key PEM")
-            seen.add(body, kind="private key (base64 body)")
-            for line in pem.splitlines():
-                if len(line) >= 24 and not line.startswith("-----"):
-                    seen.add(line, kind="private key (PEM line)")
+            self.record_key(path, seen)
+
+    @staticmethod
+    def record_key(path, seen):
+        pem = path.read_text()
+        body = "".join(line for line in pem.splitlines() if not line.startswith("-----"))
+        seen.add(pem, kind="private key PEM")
+        seen.add(body, kind="private key (base64 body)")
+        for line in pem.splitlines():
+            if len(line) >= 24 and not line.startswith("-----"):
+                seen.add(line, kind="private key (PEM line)")
 
     @staticmethod
     def private(path):

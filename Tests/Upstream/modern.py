@@ -39,8 +39,11 @@ parentheses):
         "jwks": {"keys": [...]},              # the client's public keys, inline, or
         "jwks_uri": "http://127.0.0.1:8080/upstreams/modern/jwks.json",  # fetched at every verification
         "assertion_audience": "issuer",       # aud accepted: "issuer" (the issuer only),
-                                              # "token_endpoint" (the main token endpoint URL only),
-                                              # "any" (issuer, token, PAR endpoint URLs) ("any")
+                                              # "token_endpoint" (the main token endpoint URL only,
+                                              # at every endpoint), "endpoint" (the exact URL of the
+                                              # endpoint the assertion is posted to, listener and
+                                              # path: as idpyoidc checks at each of its endpoints),
+                                              # "any" (issuer, token, PAR, revocation endpoint URLs) ("any")
         "assertion_algorithms": ["RS256", "PS256", "ES256"],
         "tls_client_auth_subject_dn": "CN=gatehouse-mtls,O=Gatehouse Tests",  # tls_client_auth
         "client_secret_env": "ENV_VAR",       # client_secret_basic: env var holding the secret
@@ -96,7 +99,8 @@ request: redirect with error=invalid_request. An unknown, spent, expired or othe
 request_uri: 400 {"error": "invalid_request_uri"}.
 
 The log (/_test/log): one object per request, in arrival order:
-    {"n", "at", "listener": "main" | "mtls", "method", "path", "endpoint", "status", "error",
+    {"n", "at", "listener": "main" | "mtls", "method", "path", "url" (the listener's URL and the
+     path, without the query: what an "endpoint" audience names), "endpoint", "status", "error",
      "error_description", "client_id" (the request's; else the authenticated client's), "form" / "query" (parameter names, sorted),
      "params" (values of the parameters that are no secret: response_type, client_id,
      redirect_uri, scope, code_challenge, code_challenge_method, grant_type, client_assertion_type,
@@ -481,8 +485,11 @@ class PrivateKeyJWT(JWTBearerClientAssertion):
 
     def get_audiences(self):
         client, state = self.local.client, self.state
-        issuer, token, par = state.issuer, state.endpoint("token"), state.endpoint("par")
-        return {"issuer": [issuer], "token_endpoint": [token]}.get(client.assertion_audience, [issuer, token, par])
+        issuer, token, par, revocation = (state.issuer, state.endpoint("token"), state.endpoint("par"),
+                                          state.endpoint("revocation"))
+        if client.assertion_audience == "endpoint":
+            return [self.local.request.entry["url"]]
+        return {"issuer": [issuer], "token_endpoint": [token]}.get(client.assertion_audience, [issuer, token, par, revocation])
 
     def process_assertion_claims(self, assertion, resolve_key):
         # authlib's, with the algorithms this client may use (joserfc's default omits PS256).
@@ -865,8 +872,9 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(None, 200, entries)
 
     def oauth_request(self, data, entry, method="POST"):
-        return WireRequest(method, self.state.issuer + self.path if self.listener == "main" else self.state.mtls_url + self.path,
-                           self.headers, data, self.listener, self.peer_certificate(), entry)
+        url = (self.state.issuer if self.listener == "main" else self.state.mtls_url) + self.path
+        entry["url"] = url.split("?")[0]  # the URL the request was posted to: an "endpoint" audience
+        return WireRequest(method, url, self.headers, data, self.listener, self.peer_certificate(), entry)
 
     def reply(self, entry, result, request=None):
         status, body, headers = result

@@ -15,6 +15,19 @@ public indirect enum ConfigNode: Sendable, Equatable {
         }
     }
 
+    /// The value under `key` of a mapping (`nil` for another node): where a problem found after
+    /// reading lies, for its line.
+    public subscript(key: String) -> ConfigNode? {
+        guard case .mapping(let entries, _) = self else { return nil }
+        return entries.first { $0.key == key }?.value
+    }
+
+    /// The item at `index` of a list (`nil` for another node, or past its end).
+    public subscript(index: Int) -> ConfigNode? {
+        guard case .sequence(let items, _) = self, items.indices.contains(index) else { return nil }
+        return items[index]
+    }
+
     var kindName: String {
         switch self {
         case .scalar: "a scalar"

@@ -83,10 +83,11 @@ extension GatehouseConfiguration {
         let audience: ClientAssertionAudience
         switch map.string("audience") {
         case nil, "issuer": audience = .issuer
+        case "endpoint": audience = .endpoint
         case "token_endpoint": audience = .tokenEndpoint
         case let url?:
             if let problem = problemWithEndpoint(url) {
-                map.reader.report(map.childPath("audience"), map.value("audience"), "must be issuer, token_endpoint or a URL: \(problem)")
+                map.reader.report(map.childPath("audience"), map.value("audience"), "must be issuer, endpoint, token_endpoint or a URL: \(problem)")
             }
             audience = .url(url)
         }

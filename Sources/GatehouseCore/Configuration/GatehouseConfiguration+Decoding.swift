@@ -45,6 +45,7 @@ extension GatehouseConfiguration {
         // Names are kept even for upstreams with problems, so clients naming them get no second error.
         var upstreamNames: Set<String> = []
         var upstreamPaths: [String: String] = [:]
+        var assertionKeys = AssertionKeyOwners()
         for item in top.list("upstreams", required: true) ?? [] {
             guard let map = reader.mapping(item.node, at: item.path) else { continue }
             if let name = (map.value("name")).flatMap({ reader.string($0, at: item.path + ".name") }),
@@ -54,6 +55,7 @@ extension GatehouseConfiguration {
             guard let upstream = decodeUpstream(map, secrets: secrets, kinds: kinds) else { continue }
             upstreams[upstream.name] = upstream
             upstreamPaths[upstream.name] = item.path
+            assertionKeys.claim(upstream, at: item, reader: reader)
         }
 
         var clients: [String: AppClient] = [:]
@@ -292,11 +294,6 @@ extension GatehouseConfiguration {
         settings.clientCertificate = credentials.certificate
         settings.trustRootsPEM = credentials.trustRoots
         settings.pushedAuthorization = pushed
-        if identity?.kind == .introspection, settings.clientAssertion?.audience == .tokenEndpoint, profile.configuredTokenEndpoint == nil {
-            // The relay introspects without the discovery document the token endpoint is read from.
-            map.reader.report(map.childPath("client_assertion.audience"), map.value("client_assertion"),
-                              "token_endpoint is discovered, and introspection assertions need it before: write the token endpoint's URL")
-        }
         if settings.publishedKeysPath != nil,
            !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-._".contains($0)) }) || name.allSatisfy({ $0 == "." }) {
             map.reader.report(map.childPath("name"), map.value("name"),
@@ -527,5 +524,29 @@ public struct UpstreamKindDecoder: Sendable {
         self.defaultScopes = defaultScopes
         self.defaultIdentity = defaultIdentity
         self.keepsIdentity = keepsIdentity
+    }
+}
+
+/// Which upstream each client-assertion key signs for: one key (by its RFC 7638 thumbprint,
+/// whatever file holds it) belongs to one upstream, since an assertion one upstream received could
+/// be replayed at the other (the same `iss` and `sub` where the client ids match, and an `aud`
+/// of the other's choosing is not Gatehouse's to rule out).
+struct AssertionKeyOwners {
+    private var owners: [String: (upstream: String, path: String)] = [:]
+
+    /// Records the keys of `upstream`, configured at `item` (`upstreams[i]`), reporting each one
+    /// an earlier upstream has already at its own path and line.
+    mutating func claim(_ upstream: UpstreamSettings, at item: (node: ConfigNode, path: String), reader: ConfigReader) {
+        for (index, key) in (upstream.clientAssertion?.keys ?? []).enumerated() {
+            let path = "\(item.path).client_assertion.keys[\(index)]"
+            guard let owner = owners[key.thumbprint] else {
+                owners[key.thumbprint] = (upstream.name, path)
+                continue
+            }
+            guard owner.upstream != upstream.name else { continue }
+            let node = item.node["client_assertion"]?["keys"]?[index]
+            reader.report(path, node ?? item.node, "is the key of the upstream '\(owner.upstream)' too (\(owner.path), thumbprint "
+                          + "\(key.thumbprint)): each upstream needs a key of its own, or either could replay Gatehouse's assertions at the other")
+        }
     }
 }

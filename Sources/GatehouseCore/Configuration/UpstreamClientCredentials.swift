@@ -34,12 +34,31 @@ public struct ClientAssertionSettings: Sendable {
     }
 }
 
-/// The `aud` of a client assertion: the upstream's issuer identifier (RFC 7523bis, FAPI 2.0), its
-/// token endpoint URL (OpenID Connect Core §9, what older servers compare with), or a URL given.
+/// The `aud` of a client assertion: the upstream's issuer identifier (RFC 7523bis, FAPI 2.0), the
+/// URL of the endpoint the assertion is posted to (what idpyoidc checks at each endpoint), the token
+/// endpoint's URL at the token endpoint (OpenID Connect Core §9, what older servers compare with),
+/// or a URL given.
 public enum ClientAssertionAudience: Sendable, Equatable {
     case issuer
+    case endpoint
     case tokenEndpoint
     case url(String)
+
+    /// The `aud` of an assertion posted to `url`, where `tokenEndpoint` is the upstream's token
+    /// endpoint (`nil` when not known yet) and `issuer` its issuer identifier (`nil` for a plain
+    /// OAuth 2.0 server).
+    ///
+    /// An assertion naming the token endpoint is good for tokens there, so it is never posted
+    /// anywhere else (the audience-injection class: a PAR, revocation or introspection endpoint,
+    /// named by discovery and possibly another host, could replay it at the token endpoint): where
+    /// the token endpoint would be named elsewhere, the endpoint's own URL is.
+    public func audience(postedTo url: String, tokenEndpoint: String?, issuer: String?) -> String {
+        switch self {
+        case .endpoint, .tokenEndpoint: url
+        case .issuer: issuer ?? url
+        case .url(let configured): configured == tokenEndpoint && url != tokenEndpoint ? url : configured
+        }
+    }
 }
 
 /// The JWS algorithms a client assertion can be signed with.

@@ -51,7 +51,7 @@ public enum GatehouseMetrics {
 
     /// Outcomes of a call to an upstream (`gatehouse_upstream_requests_total{outcome}`).
     public enum Outcome: String, Sendable {
-        case ok, invalid_grant, clientError = "4xx", serverError = "5xx", timeout, unreachable
+        case ok, invalid_grant, clientError = "4xx", serverError = "5xx", timeout, unreachable, tls
     }
 
     /// Refresh outcomes (`gatehouse_refreshes_total{outcome}`).

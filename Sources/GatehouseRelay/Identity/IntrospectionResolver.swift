@@ -12,9 +12,6 @@ public struct IntrospectionResolver: IdentityResolver {
     let upstream: UpstreamSettings
     let http: IdentityHTTP
     let extraction: IdentityExtraction
-    /// The `aud` of a `private_key_jwt` assertion, as `client_assertion.audience` says: the issuer,
-    /// the configured token endpoint, or a URL (never the introspection URL but when it is the last resort).
-    let assertionAudience: String
 
     /// - Parameters:
     ///   - concurrency: calls in flight at most toward the endpoint (`identity_concurrency`).
@@ -29,14 +26,14 @@ public struct IntrospectionResolver: IdentityResolver {
         self.upstream = upstream
         self.http = http
         self.extraction = IdentityExtraction(settings: settings, defaultSubjectPaths: ["/sub", "/username"])
-        self.assertionAudience = upstream.assertionAudience(tokenEndpoint: upstream.profile.configuredTokenEndpoint ?? settings.url)
     }
 
     public func resolve(token: String) async throws(IdentityUnavailable) -> IdentityResolution {
         let request: HTTPClientRequest
         do throws(OAuthError) {
+            // An assertion names the introspection endpoint (or the issuer), never the token endpoint.
             request = try upstream.authenticatedForm(url: settings.url, [("token", token), ("token_type_hint", "access_token")],
-                                                     audience: assertionAudience)
+                                                     tokenEndpoint: upstream.profile.configuredTokenEndpoint)
         } catch {
             throw IdentityUnavailable(.badResponse, error.detail)
         }

@@ -77,8 +77,8 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
         var form = form
         if auth0, http.settings.clientAuthentication == .clientSecretBasic { form.append(("client_id", http.settings.clientID)) }
         do throws(OAuthError) {
-            var request = try http.settings.authenticatedForm(
-                url: url, form, audience: http.settings.assertionAudience(tokenEndpoint: oauth2.tokenEndpoint))
+            // An assertion names the endpoint it goes to: the token endpoint, or the MFA challenge endpoint.
+            var request = try http.settings.authenticatedForm(url: url, form, tokenEndpoint: oauth2.tokenEndpoint)
             if auth0, let clientAddress { request.headers.add(name: "auth0-forwarded-for", value: clientAddress) }
             return try await http.sendWithHeaders(request, endpoint: .token, purpose: purpose)
         } catch {

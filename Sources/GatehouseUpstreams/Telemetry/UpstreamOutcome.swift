@@ -19,9 +19,14 @@ extension GatehouseMetrics.Outcome {
     }
 
     /// How a call without a usable answer is counted: `timeout` when the upstream did not answer
-    /// in time, `5xx` when its answer was too large to read, `unreachable` otherwise (no
-    /// connection, or the connection lost).
+    /// in time, `tls` when the TLS handshake failed (a certificate one side does not trust), `5xx`
+    /// when its answer was too large to read, `unreachable` otherwise (no connection, or the
+    /// connection lost).
     public init(transportError error: any Error) {
+        if UpstreamFailure.tlsFailure(error) != nil {
+            self = .tls
+            return
+        }
         switch UpstreamFailure.classify(error, upstream: "").status {
         case 504: self = .timeout
         case 502: self = .serverError
@@ -33,7 +38,7 @@ extension GatehouseMetrics.Outcome {
     var isFailure: Bool {
         switch self {
         case .ok, .invalid_grant, .clientError: false
-        case .serverError, .timeout, .unreachable: true
+        case .serverError, .timeout, .unreachable, .tls: true
         }
     }
 
