@@ -68,6 +68,7 @@ METRICS = {
     "gatehouse_store_lease_waits_total": "counter",
     "gatehouse_rate_limited_total": "counter",
     "gatehouse_audit_events_total": "counter",
+    "gatehouse_access_log_lines_dropped_total": "counter",
 }
 
 #: server.shutdown_drain and server.shutdown_timeout when a configuration does not set them.

@@ -1369,29 +1369,39 @@ def test_resending_the_unblock_code_is_limited_per_dialogue(main, world, seen):
 
 
 def test_known_and_unknown_accounts_answer_alike(main, world, seen):
+    """A known and an unknown account get the same answers, step for step: status and whole
+    body, but the auth_session's value (random). The medians of their password answers' response
+    times are printed, not asserted (a shared test machine is no place to judge a timing channel)."""
+    from statistics import median
+
+    def whole(answer):
+        body = json_answer(answer)
+        if "auth_session" in body:
+            assert AUTH_SESSION.fullmatch(body["auth_session"]), body
+            body = {**body, "auth_session": "<random>"}
+        return answer.status_code, body
+
     known, unknown = take_account(world)[0], f"nobody-{secrets.token_hex(4)}@example.test"
     guesses = [secrets.token_urlsafe(18) for _ in range(2 * (UNBLOCK_AFTER + 1))]
     seen.add(*guesses, kind="password typed in the app")
-    shapes, mail_mark = {}, world.sink.count()
+    answers, times, mail_mark = {}, {}, world.sink.count()
     for address in (known, unknown):
         dialogue = Dialogue(main, seen, APP_DOT)
-        first = dialogue.begin(address)
-        steps = [(first.status_code, sorted(json_answer(first)), first.json().get("step"), first.json().get("failure"))]
-        for _ in range(UNBLOCK_AFTER + 1):
-            answer = dialogue.send(password=guesses.pop())
-            body = json_answer(answer)
-            steps.append((answer.status_code, sorted(body), body.get("step"), body.get("failure")))
-        shapes[address] = steps
-    assert shapes[known] == shapes[unknown], shapes
-    assert shapes[known][-1][2] == "unblock_code", shapes[known]
+        replies = [dialogue.begin(address)] + [dialogue.send(password=guesses.pop()) for _ in range(UNBLOCK_AFTER + 1)]
+        answers[address] = [whole(reply) for reply in replies]
+        times[address] = [reply.elapsed.total_seconds() for reply in replies[1:]]
+    assert answers[known] == answers[unknown], answers
+    assert answers[known][-1][1]["step"] == "unblock_code", answers[known]
+    print(f"password answers, median response time: known account {median(times[known]) * 1000:.1f} ms, "
+          f"unknown account {median(times[unknown]) * 1000:.1f} ms ({len(times[known])} each)")
     # The unblock code goes out either way: Gatehouse cannot tell, and the answer does not either.
     for address in (known, unknown):
         world.sink.wait_for(address, after=mail_mark)
     # The e-mail link upstream "sends" its link to anyone alike.
-    central = [Dialogue(main, seen, APP_CENTRAL).begin(address) for address in
+    central = [whole(Dialogue(main, seen, APP_CENTRAL).begin(address)) for address in
                (f"known-{secrets.token_hex(3)}@example.test", f"unknown-{secrets.token_hex(3)}@example.test")]
-    assert [(a.status_code, sorted(set(a.json()) - {"error_description"}), a.json().get("step")) for a in central] == \
-        [(403, ["auth_session", "error", "step"], "email_link")] * 2
+    assert central[0] == central[1], central
+    assert central[0][0] == 403 and central[0][1]["step"] == "email_link", central
 
 
 def test_every_attempt_relays_the_password_once_and_only_to_the_token_endpoint(main, world, seen):

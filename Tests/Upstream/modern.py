@@ -110,7 +110,9 @@ The log (/_test/log): one object per request, in arrival order:
      x5t#S256), "subject", "issuer"} (RFC 4514), "pushed" (authorize: served from a pushed
      request), "pushed_params" (its parameter names), "code_was_pushed" (token: the code came from
      a pushed request), "bound" (the tokens issued are certificate-bound), "refresh_rotated",
-     "revoked" ("access_token" | "refresh_token" | null), "handshake_error"}.
+     "revoked" ("access_token" | "refresh_token" | null), "handshake_error", "refusal" (why a
+     client assertion was refused: "unknown_key", "signature", "algorithm", "expired", "issued_in_future",
+     "lifetime", "replayed", "claim <name>" (missing or invalid, e.g. "claim aud"), "client_id")}.
 Handshake failures are entries too ({"endpoint": "tls-handshake", "handshake_error"}).
 
 Secrets record: when GATEHOUSE_SECRETS_RECORD names a file, every secret received or issued is
@@ -472,8 +474,13 @@ class PrivateKeyJWT(JWTBearerClientAssertion):
         self.local.client = None
         client = super().__call__(query_client, request)
         if client is not None and form.get("client_id") and form["client_id"] != client.client_id:
-            raise InvalidClientError(status_code=401, description="client_id is not the assertion's subject")
+            raise self.refusal("client_id", "client_id is not the assertion's subject")
         return client
+
+    def refusal(self, reason, description):
+        """invalid_client (401), its reason recorded in the request's log entry ("refusal")."""
+        self.local.request.entry["refusal"] = reason
+        return InvalidClientError(status_code=401, description=description)
 
     def resolve_client_public_key(self, client):
         self.local.client = client
@@ -499,11 +506,13 @@ class PrivateKeyJWT(JWTBearerClientAssertion):
         except JoseError as error:
             raise InvalidClientError(status_code=401, description="Invalid JWT assertion.") from error
         if header.get("alg") not in client.assertion_algorithms:
-            raise InvalidClientError(status_code=401, description=f"alg {header.get('alg')} is not one this client may use")
+            raise self.refusal("algorithm", f"alg {header.get('alg')} is not one this client may use")
         try:
             token = jwt.decode(assertion, resolve_key, algorithms=client.assertion_algorithms)
         except JoseError as error:
-            raise InvalidClientError(status_code=401, description=f"The assertion's signature does not verify: {error.error}") from error
+            # No registered key has the assertion's kid, or the key that has it did not sign it.
+            reason = "unknown_key" if error.error == "invalid_key_id" else "signature"
+            raise self.refusal(reason, f"The assertion's signature does not verify: {error.error}") from error
         self.verify_claims(token.claims)
         return token.claims
 
@@ -511,27 +520,32 @@ class PrivateKeyJWT(JWTBearerClientAssertion):
         state = self.state
         current, leeway = now(state), self.leeway
         if not isinstance(claims.get("iat"), int):
-            raise InvalidClientError(status_code=401, description="Missing or invalid claim: 'iat'")
+            raise self.refusal("claim iat", "Missing or invalid claim: 'iat'")
         if not isinstance(claims.get("exp"), int):
-            raise InvalidClientError(status_code=401, description="Missing or invalid claim: 'exp'")
+            raise self.refusal("claim exp", "Missing or invalid claim: 'exp'")
         if claims["exp"] < current - leeway:
-            raise InvalidClientError(status_code=401, description="The assertion has expired")
+            raise self.refusal("expired", "The assertion has expired")
         if claims["iat"] > current + leeway:
-            raise InvalidClientError(status_code=401, description="The assertion is issued in the future")
+            raise self.refusal("issued_in_future", "The assertion is issued in the future")
         client = self.local.client
         longest = client.max_assertion_lifetime if client.max_assertion_lifetime is not None else state.config.get("max_assertion_lifetime")
         if longest is not None and claims["exp"] - claims["iat"] > longest:
-            raise InvalidClientError(status_code=401, description=f"The assertion lives longer than {longest} s")
+            raise self.refusal("lifetime", f"The assertion lives longer than {longest} s")
         try:
             super().verify_claims(claims)  # authlib: iss, sub (equal), aud, exp, jti (validate_jti)
         except InvalidClientError as error:
             error.status_code = 401
+            entry = self.local.request.entry
+            # joserfc names the claim it refused; authlib's own checks are of sub (= iss) and jti.
+            claim = getattr(error.__cause__, "claim", None) or ("jti" if "JWT ID" in (error.description or "") else "sub")
+            entry.setdefault("refusal", f"claim {claim}")
             raise
 
     def validate_jti(self, claims, jti):
         key = (claims["sub"], jti)
         with self.state.lock:
             if key in self.state.jtis:
+                self.local.request.entry["refusal"] = "replayed"
                 return False
             self.state.jtis[key] = claims["exp"]
             return True

@@ -23,6 +23,7 @@ public enum GatehouseMetrics {
     public static let rateLimitedTotal = "gatehouse_rate_limited_total"
     public static let auditEventsTotal = "gatehouse_audit_events_total"
     public static let instancesStored = "gatehouse_instances"
+    public static let accessLogLinesDroppedTotal = "gatehouse_access_log_lines_dropped_total"
 
     /// Each metric's `# HELP` text.
     public static let help: [String: String] = [
@@ -41,6 +42,7 @@ public enum GatehouseMetrics {
         rateLimitedTotal: "Requests refused by a rate limit, by limit.",
         auditEventsTotal: "Audit events written, by event.",
         instancesStored: "Registered app instance rows in the store (expired ones until swept), read at each sweep.",
+        accessLogLinesDroppedTotal: "Access log lines dropped, whole, because standard error did not take them.",
     ]
 
     /// Histogram buckets of every duration metric, in seconds.

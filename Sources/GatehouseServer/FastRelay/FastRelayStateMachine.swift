@@ -272,9 +272,9 @@ struct FastRelayStateMachine<Backend> {
         state = .connecting(exchange, app)
     }
 
-    /// The store has the first use of exchange `id`'s proof: the exchange may start.
+    /// The store has the first use of exchange `id`'s proof: the exchange may start (once).
     mutating func admitted(exchange id: Int) -> Action {
-        guard case .connecting(var exchange, let app) = state, exchange.id == id else { return .none }
+        guard case .connecting(var exchange, let app) = state, exchange.id == id, exchange.admitting else { return .none }
         state = .modifying
         exchange.admitting = false
         state = .connecting(exchange, app)
@@ -283,7 +283,7 @@ struct FastRelayStateMachine<Backend> {
 
     /// Exchange `id` may not start: its proof was used before, or the store cannot say.
     mutating func refused(_ problem: GatehouseProblem, headers: [(String, String)], exchange id: Int) -> Action {
-        guard case .connecting(let exchange, _) = state, exchange.id == id else { return .none }
+        guard case .connecting(let exchange, _) = state, exchange.id == id, exchange.admitting else { return .none }
         return answerProblem(problem, closing: nil, headers: headers)
     }
 
@@ -318,8 +318,9 @@ struct FastRelayStateMachine<Backend> {
     // MARK: The exchange
 
     /// The handler armed the timer and looked in the pool: `idle` is the connection it took.
+    /// An exchange still waiting for its admission reaches no backend.
     mutating func exchangeStarted(at now: NIODeadline, idle: Backend?) -> Action {
-        guard case .connecting(var exchange, let app) = state else { return idle.map { .giveBack($0) } ?? .none }
+        guard case .connecting(var exchange, let app) = state, !exchange.admitting else { return idle.map { .giveBack($0) } ?? .none }
         // An exchange that waited for its admission counts from then.
         if exchange.started == .distantPast { exchange.started = now }
         guard let idle else {
@@ -332,14 +333,14 @@ struct FastRelayStateMachine<Backend> {
 
     /// A new connection for exchange `id` arrived. A late one is given back.
     mutating func connected(_ backend: Backend, exchange id: Int) -> Action {
-        guard case .connecting(var exchange, let app) = state, exchange.id == id else { return .giveBack(backend) }
+        guard case .connecting(var exchange, let app) = state, exchange.id == id, !exchange.admitting else { return .giveBack(backend) }
         exchange.reused = false
         return send(exchange, on: backend, app: app)
     }
 
     /// No connection could be made for exchange `id`.
     mutating func connectFailed(exchange id: Int) -> Action {
-        guard case .connecting(let exchange, _) = state, exchange.id == id else { return .none }
+        guard case .connecting(let exchange, _) = state, exchange.id == id, !exchange.admitting else { return .none }
         return answerProblem(.backendUnavailable(), closing: nil)
     }
 

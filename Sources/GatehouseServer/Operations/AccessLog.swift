@@ -1,5 +1,6 @@
 import GatehouseCore
 import Logging
+import Metrics
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -20,10 +21,17 @@ import Synchronization
 ///   batch holds whole lines only and never lands inside another logger's line.
 /// - Off an event loop (a task on Swift's own executor) the line is written at once, alone.
 /// - At shutdown, `flush()` writes what every loop still holds (nothing, once its pass ended).
+/// - Standard error may refuse lines (a pipe made non-blocking elsewhere whose reader falls
+///   behind: `EAGAIN`; or a failed write). A line begun is finished before any other starts
+///   (`LogLineWriter`: the loop waits at most `LogLineWriter.tornLinePatience` for its end,
+///   which is otherwise written first next time); the loop never waits for whole lines: those
+///   not taken stay in the buffer and are tried again `retryInterval` later, up to half the
+///   `capacity`. Past it the oldest are dropped, whole, and counted
+///   (`gatehouse_access_log_lines_dropped_total`, `droppedLines`).
 ///
 /// What a crash can lose: the lines of the pass each loop was running and of the last
-/// millisecond, at most `capacity`
-/// bytes a loop. A SIGTERM loses nothing.
+/// millisecond, at most `capacity` bytes a loop. A SIGTERM loses nothing, unless standard error
+/// takes nothing for `shutdownPatience` (those lines are counted as dropped).
 ///
 /// Lines are written at `info`: a logger above it (`--log-level notice`) writes none.
 public final class AccessLog: Sendable {
@@ -45,6 +53,15 @@ public final class AccessLog: Sendable {
     private let buffers = ThreadSpecificVariable<LoopBuffer>()
     /// Every loop's buffer, for `flush()`.
     private let allBuffers = Mutex<[LoopBuffer]>([])
+    /// How long a loop waits before it tries again lines standard error did not take.
+    static let retryInterval = TimeAmount.milliseconds(10)
+    /// How long `flush()` waits for standard error to take the last lines.
+    static let shutdownPatience = Duration.seconds(1)
+    private let dropped = Atomic<Int>(0)
+
+    /// Lines dropped, whole, because standard error did not take them (also counted in
+    /// `gatehouse_access_log_lines_dropped_total`).
+    var droppedLines: Int { dropped.load(ordering: .relaxed) }
 
     init(output: Output, capacity: Int = 64 * 1024) {
         self.output = output
@@ -84,28 +101,48 @@ public final class AccessLog: Sendable {
                 var bytes: [UInt8] = []
                 bytes.reserveCapacity(256)
                 formatter.append(line, label: logger.label, extra: extra(), clock: &clock, to: &bytes)
-                return sink.write(bytes)
+                if sink.write(bytes, patience: .zero) < bytes.count { countDropped(1) }
+                return
             }
             let buffer = buffer(on: eventLoop)
             formatter.append(line, label: logger.label, extra: extra(), clock: &buffer.clock, to: &buffer.bytes)
             if buffer.bytes.count >= capacity {
-                buffer.write(to: sink)
+                write(buffer, to: sink)
             } else if !buffer.flushScheduled {
-                buffer.flushScheduled = true
-                let flush: @Sendable () -> Void = {
-                    buffer.flushScheduled = false
-                    buffer.write(to: sink)
-                }
                 // At most one write a millisecond: a loop that wrote moments ago waits out the
                 // rest of it, gathering the lines of the passes in between.
-                let due = buffer.lastWrite + Self.writeInterval
-                if due <= .now() {
-                    eventLoop.execute(flush)
-                } else {
-                    eventLoop.scheduleTask(deadline: due, flush)
-                }
+                scheduleWrite(of: buffer, to: sink, at: buffer.lastWrite + Self.writeInterval)
             }
         }
+    }
+
+    /// Writes `buffer` at `due` (on its loop's next pass if due already).
+    private func scheduleWrite(of buffer: LoopBuffer, to sink: any LogLineSink, at due: NIODeadline) {
+        buffer.flushScheduled = true
+        let write: @Sendable () -> Void = {
+            buffer.flushScheduled = false
+            self.write(buffer, to: sink)
+        }
+        if due <= .now() {
+            buffer.eventLoop.execute(write)
+        } else {
+            buffer.eventLoop.scheduleTask(deadline: due, write)
+        }
+    }
+
+    /// Hands the buffered lines to `sink`, without waiting for it. What it does not take is
+    /// kept, up to half the capacity (the oldest lines past it dropped and counted), and tried
+    /// again `retryInterval` later. On `buffer`'s loop.
+    private func write(_ buffer: LoopBuffer, to sink: any LogLineSink) {
+        guard !buffer.write(to: sink, patience: .zero) else { return }
+        countDropped(buffer.dropOldestLines(keepingAtMost: capacity / 2))
+        if !buffer.flushScheduled { scheduleWrite(of: buffer, to: sink, at: .now() + Self.retryInterval) }
+    }
+
+    private func countDropped(_ lines: Int) {
+        guard lines > 0 else { return }
+        dropped.add(lines, ordering: .relaxed)
+        AccessLogMetrics.droppedLines.increment(by: Int64(lines))
     }
 
     /// The general path's `extra`: the logger's own metadata, then its provider's.
@@ -122,7 +159,12 @@ public final class AccessLog: Sendable {
     public func flush() async {
         guard case .batched(_, let sink) = output else { return }
         for buffer in allBuffers.withLock({ $0 }) {
-            try? await buffer.eventLoop.submit { buffer.write(to: sink) }.get()
+            try? await buffer.eventLoop.submit {
+                // The last chance: what standard error does not take within its patience is dropped.
+                if !buffer.write(to: sink, patience: Self.shutdownPatience) {
+                    self.countDropped(buffer.dropOldestLines(keepingAtMost: 0))
+                }
+            }.get()
         }
     }
 
@@ -154,11 +196,36 @@ private final class LoopBuffer: @unchecked Sendable {
         bytes.reserveCapacity(capacity + 1024)
     }
 
-    /// Hands the buffered lines to `sink` in one call, then empties the buffer (keeping its storage).
-    func write(to sink: any LogLineSink) {
-        guard !bytes.isEmpty else { return }
-        sink.write(bytes)
-        bytes.removeAll(keepingCapacity: true)
+    /// Hands the buffered lines to `sink` in one call (with none, the end of a line it began
+    /// before), and removes what it took; whether it took them all.
+    func write(to sink: any LogLineSink, patience: Duration) -> Bool {
+        let taken = sink.write(bytes, patience: patience)
         lastWrite = .now()
+        guard taken == bytes.count else {
+            bytes.removeFirst(taken)
+            return false
+        }
+        bytes.removeAll(keepingCapacity: true)
+        return true
     }
+
+    /// Drops the oldest whole lines until at most `limit` bytes are left; how many it dropped.
+    func dropOldestLines(keepingAtMost limit: Int) -> Int {
+        guard bytes.count > limit else { return 0 }
+        let newline = UInt8(ascii: "\n")
+        var cut = bytes.count - limit
+        if bytes[cut - 1] != newline {
+            // Up to the end of the line the cut falls in.
+            cut = bytes[cut...].firstIndex(of: newline).map { $0 + 1 } ?? bytes.count
+        }
+        let lines = bytes[..<cut].count(where: { $0 == newline })
+        bytes.removeFirst(cut)
+        return lines
+    }
+}
+
+/// `gatehouse_access_log_lines_dropped_total`, made at the first drop (after `serve` has set the
+/// metrics system up) and kept.
+private enum AccessLogMetrics {
+    static let droppedLines = Counter(label: GatehouseMetrics.accessLogLinesDroppedTotal)
 }

@@ -11,66 +11,57 @@ import Synchronization
 
 /// Where finished log lines go: one call per line, or per batch of whole lines (`AccessLog`).
 protocol LogLineSink: Sendable {
-    func write(_ line: [UInt8])
+    /// Writes `lines` (whole lines, each ended by `\n`), or as many of them as the destination
+    /// takes without waiting longer than `patience`. Returns how many bytes of `lines` it took
+    /// (`LogLineWriter.write(_:patience:)`): the bytes after them are whole lines not written.
+    func write(_ lines: [UInt8], patience: Duration) -> Int
 }
 
-/// A file descriptor (standard error, the audit file): each call is written whole under a
-/// lock, so lines of concurrent tasks never interleave (a short write is finished before the
-/// next line starts).
+extension LogLineSink {
+    /// Writes one line (or batch) without waiting: what the destination does not take is lost.
+    func write(_ line: [UInt8]) {
+        _ = write(line, patience: .zero)
+    }
+}
+
+/// A file descriptor (standard error, the audit file): each call is written under a lock, so
+/// lines of concurrent tasks never interleave, and a line begun is finished before the next
+/// starts (`LogLineWriter`).
 final class FileDescriptorSink: LogLineSink {
     static let standardError = FileDescriptorSink(descriptor: 2)
 
     let descriptor: Int32
-    private let lock = Mutex(())
+    private let writer: Mutex<LogLineWriter>
 
     init(descriptor: Int32) {
         self.descriptor = descriptor
+        writer = Mutex(LogLineWriter(descriptor: descriptor))
     }
 
-    func write(_ line: [UInt8]) {
-        lock.withLock { _ in writeAll(line, to: descriptor) }
+    func write(_ lines: [UInt8], patience: Duration) -> Int {
+        writer.withLock { $0.write(lines, patience: patience) }
     }
 }
 
 /// Standard error under the lock of the C `stderr` stream, the one swift-log's
 /// `StreamLogHandler` (`--log-format text`) takes for each line: a batch written here never
-/// lands inside one of its lines, nor one of its lines inside a batch.
+/// lands inside one of its lines, nor one of its lines inside a batch. (A line of ours whose
+/// end standard error did not take within `LogLineWriter.tornLinePatience` is finished by our
+/// next write; a line of swift-log's written meanwhile would follow its start.)
 final class StandardErrorStreamSink: LogLineSink {
     static let shared = StandardErrorStreamSink()
 
     /// The C stream, read once: `stderr` is a C global the compiler cannot prove unchanged.
     nonisolated(unsafe) private static let stream = stderr
+    /// Only ever taken inside the stream's lock.
+    private let writer = Mutex(LogLineWriter(descriptor: 2))
 
-    func write(_ line: [UInt8]) {
+    func write(_ lines: [UInt8], patience: Duration) -> Int {
         flockfile(Self.stream)
         defer { funlockfile(Self.stream) }
         // `stderr` is unbuffered: nothing of the stream's own waits to be written before these bytes.
-        writeAll(line, to: 2)
+        return writer.withLock { $0.write(lines, patience: patience) }
     }
-}
-
-/// Writes every byte of `bytes` to `descriptor`, finishing short writes and retrying on EINTR;
-/// gives up on any other error (there is nowhere to report a log that cannot be written).
-private func writeAll(_ bytes: [UInt8], to descriptor: Int32) {
-    bytes.withUnsafeBytes { buffer in
-        guard let base = buffer.baseAddress else { return }
-        var offset = 0
-        while offset < buffer.count {
-            let written = writeBytes(descriptor, base + offset, buffer.count - offset)
-            if written > 0 {
-                offset += written
-            } else if written < 0, errno == EINTR {
-                continue
-            } else {
-                return
-            }
-        }
-    }
-}
-
-/// `write(2)`, named apart from `LogLineSink.write`.
-private func writeBytes(_ descriptor: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
-    write(descriptor, bytes, count)
 }
 
 /// swift-log's handler for `--log-format json`: one JSON object a line,

@@ -1,5 +1,7 @@
+import AsyncHTTPClient
 import Foundation
 import GatehouseCore
+import GatehouseRelay
 @testable import GatehouseServer
 import GatehouseSessions
 import GatehouseStore
@@ -11,13 +13,19 @@ import Testing
 
 /// Every short-lived value ends at its route when its lifetime is over, and not a second
 /// before: session codes (60 s), attestation challenges (5 minutes), e-mailed certification
-/// codes (10 minutes) and the web-session cookie (`webviews.cookie_lifetime`). The clock is the
-/// test's: no sleeps.
+/// codes (`AppInstances.certificationLifetime`, as the callback stores them) and the web-session
+/// cookie (`webviews.cookie_lifetime`, at the relay). The clock is the test's: no sleeps.
 struct ExpiryRouteTests {
     static let web = "https://app.example.test"
+    /// An app whose uncertified instances are certified by an e-mailed code after their sign-in.
+    static let certifiedApp = "com.example.certified"
 
-    /// The in-process Gatehouse with webviews and an app whose instances attest with App Attest.
-    static func withGatehouse(_ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void) async throws {
+    /// The in-process Gatehouse with webviews, an app whose instances attest with App Attest, an
+    /// app whose instances are certified by e-mail (through `mailer`), and the route `/api`,
+    /// which takes the web-session cookie, over a backend that refuses connections (a request
+    /// let through ends 502 or 504: `RateLimitTests.reachedTheBackend`).
+    static func withGatehouse(mailer: RecordingMailer = RecordingMailer(),
+                              _ body: @Sendable (TestGatehouse, any TestClientProtocol) async throws -> Void) async throws {
         let base = try await TestGatehouse.make()
         var configuration = base.gatehouse.configuration
         configuration.webviews = WebviewSettings(origins: [web], cookieLifetime: .seconds(120))
@@ -26,8 +34,19 @@ struct ExpiryRouteTests {
         attesting.instances = InstanceSettings(attestation: .preferred,
                                                apple: AppleAttestationSettings(appID: "ABCDE12345.com.example.attesting"))
         configuration.clients[attesting.clientID] = attesting
-        let gatehouse = Gatehouse(configuration: configuration, store: base.store, upstreams: ["legacy": base.upstream],
-                                  sessions: base.gatehouse.sessions, now: base.gatehouse.now, logger: base.gatehouse.logger)
+        var certified = try #require(configuration.clients["com.example.app"])
+        certified.clientID = certifiedApp
+        certified.redirectURIs = [try RedirectURI(registering: certifiedApp + ":/cb")]
+        certified.instances = InstanceSettings(attestation: .required, manualCertification: true)
+        configuration.clients[certified.clientID] = certified
+        var route = RateLimitTests.route
+        route.acceptSessionCookie = true
+        configuration.routes = [route]
+        configuration.upstreams["legacy"]?.identity = IdentitySettings(kind: .introspection, url: "https://as.example.com/introspect")
+        let relay = RelayServices(configuration: configuration, cache: IdentityCache(maximumEntries: 100),
+                                  resolvers: ["legacy": NamingResolver(.bySubject)], backendClient: HTTPClient.shared, signer: nil)
+        let gatehouse = Gatehouse(configuration: configuration, store: base.store, upstreams: ["legacy": base.upstream], relay: relay,
+                                  sessions: base.gatehouse.sessions, now: base.gatehouse.now, logger: base.gatehouse.logger, mailer: mailer)
         let test = TestGatehouse(gatehouse: gatehouse, upstream: base.upstream, clock: base.clock, store: base.store)
         do {
             try await Application(router: GatehouseApplication.router(for: gatehouse)).test(.router) { client in
@@ -67,33 +86,37 @@ struct ExpiryRouteTests {
             test.clock.advance(seconds: 59)
             #expect(try await Self.openSession(client, code: kept).status == .seeOther)
             test.clock.advance(seconds: 2)
-            let refused = try await Self.openSession(client, code: late)
-            #expect(refused.status == .badRequest)
-            #expect(String(buffer: refused.body).contains("expired"))
+            // Issued with `kept`, which opened a session at 59 s: the 400 is its expiry.
+            #expect(try await Self.openSession(client, code: late).status == .badRequest)
         }
     }
 
+    /// The cookie `/session` sets takes a request through the relay to the backend until
+    /// `webviews.cookie_lifetime` is over; a second later the relay refuses it as an ended token.
     @Test func theWebSessionCookieEndsWithItsLifetime() async throws {
         try await Self.withGatehouse { test, client in
             let token = try #require(try await SealedSessionTests.signIn(client)["access_token"] as? String)
             let opened = try await Self.openSession(client, code: try await Self.sessionCode(client, token: token))
-            let cookie = try #require(opened.headers[.setCookie]?.split(separator: ";").first?.split(separator: "=").last.map(String.init))
-            let sessions = try #require(test.gatehouse.sessions)
-            let hash = SecureToken.hash(cookie)
-            test.clock.advance(seconds: 119)
-            #expect(try await sessions.store.session(forAccessTokenHash: hash, now: test.clock.now()) != nil)
+            let cookie = try #require(opened.headers[.setCookie]?.split(separator: ";").first.map(String.init))
+            let lifetime = try #require(test.gatehouse.configuration.webviews).cookieLifetime.components.seconds
+            func relayed() async throws -> TestResponse {
+                var headers = HTTPFields()
+                headers[.cookie] = cookie
+                return try await client.execute(uri: "/api/items", method: .get, headers: headers)
+            }
+            test.clock.advance(seconds: TimeInterval(lifetime - 1))
+            let live = try await relayed()
+            #expect(RateLimitTests.reachedTheBackend(live), "\(live.status) \(String(buffer: live.body))")
             test.clock.advance(seconds: 2)
-            #expect(try await sessions.store.session(forAccessTokenHash: hash, now: test.clock.now()) == nil)
+            let ended = try await relayed()
+            #expect(ended.status == .unauthorized, "\(ended.status) \(String(buffer: ended.body))")
+            #expect(ended.headers[.wwwAuthenticate]?.contains(#"error="invalid_token""#) == true)
         }
     }
 
     @Test func anAttestationChallengeIsAcceptedForFiveMinutesOnly() async throws {
         try await Self.withGatehouse { test, client in
-            var headers = HTTPFields()
-            headers[.contentType] = "application/json"
-            let registered = try await client.execute(uri: "/oauth/register", method: .post, headers: headers,
-                                                      body: ByteBuffer(string: #"{"software_id":"com.example.attesting"}"#))
-            let instance = try #require(json(registered)["client_id"] as? String, "\(json(registered))")
+            let instance = try await Self.register(client, app: "com.example.attesting")
             func challenge() async throws -> String {
                 try #require(json(try await Self.form(client, "/oauth/attestation/challenge", ["client_id": instance]))["challenge"] as? String)
             }
@@ -111,20 +134,43 @@ struct ExpiryRouteTests {
         }
     }
 
-    @Test func anEmailedCertificationCodeIsTriedForTenMinutesOnly() async throws {
-        try await Self.withGatehouse { test, client in
-            let pending = SecureToken.generate()
-            try await test.store.insertCertification(
-                idHash: SecureToken.hash(pending), sealed: Data("sealed".utf8),
-                codeHash: AppInstances.codeHash(pending: pending, code: "123456"),
-                expiresAt: test.clock.now().addingTimeInterval(AppInstances.certificationLifetime))
-            test.clock.advance(seconds: 599)
-            let wrong = try await Self.form(client, "/oauth/certify", ["pending": pending, "code": "654321"])
-            #expect(String(buffer: wrong.body).contains("not the right one"))
+    /// Two sign-ins of uncertified instances paused at the same second for the e-mailed code (as
+    /// the callback stores them): the right code opens the "Allow this app?" page one second
+    /// before `AppInstances.certificationLifetime` is over, and is refused as expired one second
+    /// after. The e-mail tells the user that lifetime.
+    @Test func anEmailedCertificationCodeIsTriedForItsLifetimeOnly() async throws {
+        let mailer = RecordingMailer()
+        try await Self.withGatehouse(mailer: mailer) { test, client in
+            test.upstream.answer(userinfo: Data(#"{"sub":"alice","email":"alice@example.test","email_verified":true}"#.utf8))
+            func pausedSignIn() async throws -> (pending: String, code: String) {
+                let instance = try await Self.register(client, app: Self.certifiedApp)
+                let state = try await client.beginSignIn(client: instance, redirect: Self.certifiedApp + ":/cb")
+                let page = try await client.execute(uri: "/oauth/callback?code=upstream-code&state=\(state)", method: .get)
+                let html = String(buffer: page.body)
+                #expect(page.status == .ok && html.contains("Enter your code"), "\(page.status) \(html)")
+                let pending = try #require(html.firstMatch(of: /name="pending" value="([A-Za-z0-9_-]{43})"/)?.1)
+                return (String(pending), try #require(mailer.lastCode))
+            }
+            let kept = try await pausedSignIn()
+            let late = try await pausedSignIn()
+            let lifetime = AppInstances.certificationLifetime
+            #expect(mailer.messages.last?.body.contains("valid for \(Int(lifetime) / 60) minutes") == true)
+            test.clock.advance(seconds: lifetime - 1)
+            let allowed = try await Self.form(client, "/oauth/certify", ["pending": kept.pending, "code": kept.code])
+            #expect(allowed.status == .ok && String(buffer: allowed.body).contains("Allow this app?"), "\(String(buffer: allowed.body))")
             test.clock.advance(seconds: 2)
-            let late = try await Self.form(client, "/oauth/certify", ["pending": pending, "code": "123456"])
-            #expect(late.status == .badRequest)
-            #expect(String(buffer: late.body).contains("has expired"))
+            let expired = try await Self.form(client, "/oauth/certify", ["pending": late.pending, "code": late.code])
+            #expect(expired.status == .badRequest && String(buffer: expired.body).contains("This sign-in has expired"),
+                    "\(String(buffer: expired.body))")
         }
+    }
+
+    /// Registers an instance of `app`; its client id.
+    static func register(_ client: any TestClientProtocol, app: String) async throws -> String {
+        var headers = HTTPFields()
+        headers[.contentType] = "application/json"
+        let registered = try await client.execute(uri: "/oauth/register", method: .post, headers: headers,
+                                                  body: ByteBuffer(string: #"{"software_id":"\#(app)"}"#))
+        return try #require(json(registered)["client_id"] as? String, "\(json(registered))")
     }
 }

@@ -14,9 +14,12 @@ struct ConfigurationReferenceTests {
     static let root = URL(filePath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()
 
-    /// The keys of the reference: the first cell of every row of a table headed `key`.
-    static func documentedKeys() throws -> Set<String> {
-        let text = try String(contentsOf: root.appending(path: "docs/configuration.md"), encoding: .utf8)
+    static func reference() throws -> String {
+        try String(contentsOf: root.appending(path: "docs/configuration.md"), encoding: .utf8)
+    }
+
+    /// The keys of the reference `text`: the first cell of every row of a table headed `key`.
+    static func documentedKeys(in text: String) -> Set<String> {
         var keys: Set<String> = []
         var inKeyTable = false
         for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
@@ -53,9 +56,9 @@ struct ConfigurationReferenceTests {
         return keys
     }
 
-    @Test func everyAcceptedKeyIsDocumentedAndEveryDocumentedKeyIsAccepted() throws {
-        let documented = try Self.documentedKeys()
-        let asked = try Self.askedKeys()
+    /// Where a reference and the decoder disagree: keys `asked` for but not `documented`, and
+    /// keys `documented` that nothing asked for.
+    static func disagreements(documented: Set<String>, asked: Set<String>) -> (undocumented: Set<String>, unknown: Set<String>) {
         // A mapping that only groups keys (`server`, `clients[].instances`) needs no row of its own.
         let containers = Set(asked.filter { key in asked.contains { $0.hasPrefix(key + ".") || $0.hasPrefix(key + "[]") } })
         let undocumented = asked.subtracting(documented).filter { key in
@@ -65,16 +68,34 @@ struct ConfigurationReferenceTests {
                documented.contains(String(key[..<dot])) { return false }
             return true
         }
+        return (undocumented, documented.subtracting(asked))
+    }
+
+    @Test func everyAcceptedKeyIsDocumentedAndEveryDocumentedKeyIsAccepted() throws {
+        let (undocumented, unknown) = Self.disagreements(documented: Self.documentedKeys(in: try Self.reference()), asked: try Self.askedKeys())
         #expect(undocumented.isEmpty, "accepted by the decoder, missing from docs/configuration.md: \(undocumented.sorted())")
-        let unknown = documented.subtracting(asked)
         #expect(unknown.isEmpty, "in docs/configuration.md, unknown to the decoder (or reached by no document under Tests/Fixtures/configuration): \(unknown.sorted())")
     }
 
-    /// The check itself can fail: a key missing from the reference is found.
+    /// The check itself can fail: the reference with three rows taken out (a top-level setting,
+    /// one of each upstream, one of each app's instances) and a row put in for a key nothing
+    /// reads disagrees with the decoder on those four keys, and on them only.
     @Test func aKeyMissingFromTheReferenceIsFound() throws {
         let asked = try Self.askedKeys()
-        #expect(asked.contains("server.public_base_url"))
-        #expect(asked.contains("upstreams[].identity.cache_ttl"))
         #expect(!asked.contains("upstreams[].client_secret"), "a key read only to be refused is no setting")
+        let missing = ["server.public_base_url", "upstreams[].identity.cache_ttl", "clients[].instances.attestation"]
+        let reference = try Self.reference()
+        var lines = reference.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        for key in missing {
+            let row = try #require(lines.firstIndex { $0.hasPrefix("| `\(key)` |") }, "docs/configuration.md has no row for \(key)")
+            #expect(asked.contains(key), "\(key) is a setting the decoder reads")
+            lines.remove(at: row)
+        }
+        let anchor = try #require(lines.firstIndex { $0.hasPrefix("| `server.") })
+        lines.insert("| `server.no_such_key` | – | a key nothing reads |", at: anchor)
+        let (undocumented, unknown) = Self.disagreements(documented: Self.documentedKeys(in: lines.joined(separator: "\n")), asked: asked)
+        #expect(undocumented == Set(missing), "\(undocumented.sorted())")
+        #expect(unknown == ["server.no_such_key"])
+        #expect(Self.disagreements(documented: Self.documentedKeys(in: reference), asked: asked) == (Set(), Set()), "the reference itself agrees")
     }
 }

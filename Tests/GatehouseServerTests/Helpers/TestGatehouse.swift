@@ -24,6 +24,7 @@ final class ScriptedUpstream: UpstreamProfile {
     let settings: UpstreamSettings
     private let profile: OAuth2Upstream
     private let script: Mutex<Result<Data, OAuthError>>
+    private let userinfo = Mutex<Data?>(nil)
     private let calls = Mutex<[String]>([])
 
     init(settings: UpstreamSettings, answer: Result<Data, OAuthError>) {
@@ -36,6 +37,8 @@ final class ScriptedUpstream: UpstreamProfile {
 
     var recordedCalls: [String] { calls.withLock { $0 } }
     func answer(with result: Result<Data, OAuthError>) { script.withLock { $0 = result } }
+    /// The userinfo claims (a JSON object) the sign-ins from now on come with.
+    func answer(userinfo: Data?) { self.userinfo.withLock { $0 = userinfo } }
 
     func beginAuthorization(_ start: AuthorizationStart) async throws(OAuthError) -> AuthorizationBegun {
         try await profile.beginAuthorization(start)
@@ -46,7 +49,7 @@ final class ScriptedUpstream: UpstreamProfile {
     {
         let verifier = memo.forwardsAppVerifier ? appCodeVerifier : memo.codeVerifier
         calls.withLock { $0.append("code:\(code):\(verifier ?? "-")") }
-        return UpstreamGrant(tokens: try UpstreamTokenResponse(body: script.withLock { $0 }.get()))
+        return UpstreamGrant(tokens: try UpstreamTokenResponse(body: script.withLock { $0 }.get()), userinfo: userinfo.withLock { $0 })
     }
 
     func refresh(_ refreshToken: String, scope: String?) async throws(OAuthError) -> UpstreamTokenResponse {

@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
 import Foundation
 import GatehouseCore
 @testable import GatehouseServer
@@ -9,7 +14,8 @@ import Testing
 
 /// The access log: its lines are byte for byte what the process's log handler wrote for the
 /// same request, they are written in one batch per event-loop pass, at once past the cap, never
-/// torn between loops, and not at all when off.
+/// torn between loops, never torn nor glued by a reader that stalls (those it cannot write are
+/// dropped whole and counted), and not at all when off.
 struct AccessLogTests {
     typealias CapturedLines = LoggingTests.CapturedLines
 
@@ -222,6 +228,120 @@ struct AccessLogTests {
         await accessLog.flush()
         #expect(try Self.objects(sink).count == 6)
         try await group.shutdownGracefully()
+    }
+
+    // MARK: A stalled reader
+
+    /// A pipe as standard error is when the process reading it made it non-blocking: a write
+    /// it has no room for fails with `EAGAIN`. It holds one page (4 KiB), a quarter of a batch.
+    struct StalledPipe: Sendable {
+        let readEnd: Int32
+        let writeEnd: Int32
+        /// Bytes the pipe holds when full.
+        let size: Int
+
+        /// `F_SETPIPE_SZ`, `F_GETPIPE_SZ` (Linux, `<fcntl.h>` under `_GNU_SOURCE`).
+        static let setSize: Int32 = 1031
+        static let getSize: Int32 = 1032
+
+        init() throws {
+            var ends: [Int32] = [-1, -1]
+            guard pipe(&ends) == 0 else { throw TestFailure("pipe(2) failed") }
+            (readEnd, writeEnd) = (ends[0], ends[1])
+            _ = fcntl(writeEnd, Self.setSize, 4096)
+            size = Int(fcntl(writeEnd, Self.getSize))
+            for end in ends { _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK) }
+        }
+
+        /// Whether a write would find no room.
+        var isFull: Bool {
+            var descriptor = pollfd(fd: writeEnd, events: Int16(POLLOUT), revents: 0)
+            return poll(&descriptor, 1, 0) == 0
+        }
+
+        /// Reads everything the pipe holds now.
+        func drain(into bytes: inout [UInt8]) {
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let count = chunk.withUnsafeMutableBytes { read(readEnd, $0.baseAddress!, $0.count) }
+                guard count > 0 else { return }
+                bytes += chunk[..<count]
+            }
+        }
+
+        /// Reads on a thread of its own until the write end is closed; what it read.
+        func readToTheEnd() async -> [UInt8] {
+            await withCheckedContinuation { continuation in
+                Thread.detachNewThread {
+                    var bytes: [UInt8] = []
+                    var chunk = [UInt8](repeating: 0, count: 65536)
+                    while true {
+                        let count = chunk.withUnsafeMutableBytes { read(readEnd, $0.baseAddress!, $0.count) }
+                        if count > 0 {
+                            bytes += chunk[..<count]
+                        } else if count == 0 {
+                            break  // the write end is closed
+                        } else if errno == EAGAIN {
+                            var descriptor = pollfd(fd: readEnd, events: Int16(POLLIN), revents: 0)
+                            _ = poll(&descriptor, 1, -1)
+                        } else if errno != EINTR {
+                            break
+                        }
+                    }
+                    continuation.resume(returning: bytes)
+                }
+            }
+        }
+    }
+
+    /// The reader of standard error reads nothing until the pipe is full, then everything, four
+    /// times over, while lines keep coming in batches four times the pipe's size; then it reads
+    /// to the end while the access log writes what it holds. Every line that arrives is whole
+    /// (none torn, none glued to the next) and arrives once, in order; every line that does not
+    /// is counted as dropped.
+    @Test func aStalledReaderGetsWholeLinesOnlyAndEveryLineItMissesIsCounted() async throws {
+        let pipe = try StalledPipe()
+        defer { close(pipe.readEnd) }
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let accessLog = AccessLog(format: .json, sink: FileDescriptorSink(descriptor: pipe.writeEnd), capacity: 4 * pipe.size)
+        let logger = Self.logger()
+        var received: [UInt8] = []
+        var written = 0
+        for _ in 0..<4 {
+            written = try await group.next().submit { [written] in
+                var number = written
+                while !pipe.isFull, number < written + 10_000 {
+                    accessLog.record(Self.line(number), logger: logger)
+                    number += 1
+                }
+                // As many lines again as a full buffer holds: more than the buffer keeps.
+                for _ in 0..<(4 * pipe.size / 150) {
+                    accessLog.record(Self.line(number), logger: logger)
+                    number += 1
+                }
+                return number
+            }.get()
+            #expect(pipe.isFull, "the reader waits for a full pipe")
+            pipe.drain(into: &received)
+        }
+        async let rest = pipe.readToTheEnd()
+        await accessLog.flush()
+        close(pipe.writeEnd)
+        received += await rest
+        try await group.shutdownGracefully()
+
+        #expect(received.last == UInt8(ascii: "\n"), "the last line ends")
+        var numbers: [Int] = []
+        for line in received.split(separator: UInt8(ascii: "\n")) {
+            let object = try? JSONSerialization.jsonObject(with: Data(line)) as? [String: Any]
+            let number = (object?["request_id"] as? String).flatMap { $0.wholeMatch(of: /r(\d+)/) }.flatMap { Int($0.1) }
+            #expect(number != nil && object?["msg"] as? String == "request" && object?["status"] as? String == "200",
+                    "a torn or glued line: \(String(decoding: line, as: UTF8.self))")
+            if let number { numbers.append(number) }
+        }
+        #expect(numbers == numbers.sorted() && Set(numbers).count == numbers.count, "each line once, in order")
+        #expect(accessLog.droppedLines > 0, "the stalls cost lines")
+        #expect(accessLog.droppedLines == written - numbers.count, "\(written) written, \(numbers.count) received")
     }
 
     // MARK: Off
