@@ -71,13 +71,15 @@ struct IdentityCacheTests {
     @Test func entryLivesNoLongerThanTheTokenItself() async throws {
         let clock = TestClock()
         let cache = IdentityCache(maximumEntries: 100, now: { clock.milliseconds.load(ordering: .relaxed) })
-        let shortLived = CallerIdentity(subject: "a", bpid: nil, scopes: nil, attributes: [:], expiresAt: Date().addingTimeInterval(5))
+        // The token's expiry is wall-clock time (read when the entry is stored): 50 s of it, so a
+        // machine that stalls the test for seconds still stores an entry that outlives 40.
+        let shortLived = CallerIdentity(subject: "a", bpid: nil, scopes: nil, attributes: [:], expiresAt: Date().addingTimeInterval(50))
         let resolver = CountingResolver(answer: .success(.active(shortLived)))
         _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
-        clock.advance(.seconds(4))
+        clock.advance(.seconds(40))
         _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
         #expect(resolver.calls.load(ordering: .relaxed) == 1)
-        clock.advance(.seconds(2))
+        clock.advance(.seconds(20))
         _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
         #expect(resolver.calls.load(ordering: .relaxed) == 2)
     }

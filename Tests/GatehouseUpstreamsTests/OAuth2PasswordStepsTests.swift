@@ -118,6 +118,8 @@ struct OAuth2PasswordStepsTests {
         (401, [], #"{"error":"unauthorized","error_description":"user is blocked"}"#, .accountRefused(.blocked)),
         (401, [], #"{"error":"unauthorized","error_description":"Only staff may sign in to this app."}"#, .accountRefused(.denied)),
         (403, [], #"{"error":"access_denied","error_description":"You can't log in"}"#, .accountRefused(.denied)),
+        // Auth0's answer to a wrong client secret: Gatehouse's own credentials, no account's refusal.
+        (401, [], #"{"error":"access_denied","error_description":"Unauthorized"}"#, .unusable("HTTP 401 access_denied")),
         (401, [], #"{"error":"password_leaked","error_description":"This login attempt has been blocked because the password you're using was previously disclosed through a data breach (not in this application)."}"#,
          .accountRefused(.passwordLeaked)),
         (429, [], #"{"error":"too_many_attempts","error_description":"Your account has been blocked after multiple consecutive login attempts. We've sent you an email with instructions on how to unblock it."}"#,

@@ -17,15 +17,15 @@ extension InAppSignIn {
                 "this endpoint is for native apps: a request a browser sent (with \(header)) is refused")).response
         }
         if let refusal = Self.refusingNonFormBody(request) { return refusal }
-        // Over `server.max_body_bytes`: 413, as at /oauth/token.
-        guard let body = await boundedBody(request) else {
-            return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
-        }
         let address = limits.clientAddress(peer: peer, headers: request.headers)
         let resolved = limits.resolvedClientAddress(peer: peer, headers: request.headers)
         // Before anything is read: this answer leaves the app's auth_session as it was.
         if let address, let wait = limits.take(.in_app_address, key: address) {
             return ChallengeAnswer.failed(.tooManyRequests, session: nil, retryAfter: wait.retryAfterSeconds).response
+        }
+        // Over `server.max_body_bytes`: 413, as at /oauth/token.
+        guard let body = await boundedBody(request) else {
+            return .problem(.payloadTooLarge(limit: configuration.server.maximumBodyBytes), for: request)
         }
         let answer: ChallengeAnswer
         do throws(OAuthError) {
@@ -266,49 +266,50 @@ extension InAppSignIn {
                           input: ChallengeInput) async throws(OAuthError) -> ChallengeAnswer
     {
         guard !password.isEmpty, password.utf8.count <= 1024 else { return try await wrong(&dialogue, .incorrectPassword) }
-        let uncertified = try await uncertified(client)
-        let overLine = try await count(Self.failurePurpose, dialogue) > settings.unblockAfter
-        let breaker = !overLine && !uncertified ? try await breakerTripped(dialogue) : false
-        if overLine || uncertified || breaker {
+        // Why the password waits for the e-mailed code, if it does.
+        var held: String?
+        if try await count(Self.failurePurpose, dialogue) > settings.unblockAfter {
+            held = "account"
+        } else if try await uncertified(client) {
+            held = "uncertified"
+        } else if try await breakerTripped(dialogue) {
+            held = "breaker"
+        }
+        var tried: (all: [AccountScope], counted: [AccountScope]) = ([], [])
+        if held == nil {
+            switch try await admitAccount(dialogue, client: client, address: input.address) {
+            case .admitted(let all, let counted): tried = (all, counted)
+            case .refused(let scope): held = scope.limit.rawValue
+            }
+        }
+        if let held {
             guard EmailAddress.isValid(dialogue.login) else {
                 // No address to send a code to: the browser sign-in, with the upstream's own defences.
                 return try await redirectToWeb(FormParameters(), client: client)
             }
-            logger.notice("in-app sign-in asks for an unblock code", metadata: [
-                "client_id": .string(dialogue.clientID), "because": .string(breaker ? "breaker" : uncertified ? "uncertified" : "account"),
-            ])
+            logger.notice("in-app sign-in asks for an unblock code", metadata: ["client_id": .string(dialogue.clientID), "because": .string(held)])
             return try await sendUnblockCode(&dialogue)
-        }
-        let tried: [AccountScope]
-        switch try await admitAccount(dialogue, client: client, address: input.address) {
-        case .admitted(let scopes):
-            tried = scopes
-        case .refused(let scope, let retryAfter):
-            // Nothing was relayed: the account's own count is given back.
-            try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
-            logger.notice("in-app sign-in refused: too many accounts tried", metadata: [
-                "client_id": .string(dialogue.clientID), "limit": .string(scope.limit.rawValue),
-            ])
-            return try await save(dialogue) { .failed(.tooManyRequests, session: $0, retryAfter: retryAfter) }
         }
         return try await relay(password, dialogue: &dialogue, steps: steps, address: input.resolvedAddress, counted: true, tried: tried)
     }
 
     /// Relays the password; `counted`: the attempt is in the account's count already (no second
-    /// factor passed yet); `tried`: the scopes that counted the account among those they tried.
+    /// factor passed yet); `tried`: the scopes that count the account among those they tried,
+    /// and those that counted it for this request.
     private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?, counted: Bool,
-                       tried: [AccountScope] = []) async throws(OAuthError) -> ChallengeAnswer
+                       tried: (all: [AccountScope], counted: [AccountScope]) = ([], [])) async throws(OAuthError) -> ChallengeAnswer
     {
         let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
         if counted, Self.unjudged(result) {
-            // The upstream never judged the password (unreachable, slow, asking to wait): the attempt is given back.
+            // The upstream never judged the password (unreachable, slow, asking to wait): the
+            // attempt is given back, and the account where this request counted it.
             try? await store.discountAttempt(purpose: Self.failurePurpose, keyHash: accountKey(dialogue), now: now())
-            await giveBack(tried)
+            await giveBack(tried.counted)
         }
         switch result {
         case .signedIn, .secondFactor:
-            // A right password: the account was not sprayed.
-            await giveBack(tried)
+            // A right password: the account was not sprayed, wherever it was counted.
+            await giveBack(tried.all)
         case .refused(.wrongInput):
             if !counted { _ = try await count(Self.failurePurpose, dialogue) }
             await countFailure(dialogue, reason: InAppFailure.incorrectPassword.rawValue)

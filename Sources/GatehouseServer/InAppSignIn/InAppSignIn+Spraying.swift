@@ -19,9 +19,11 @@ extension InAppSignIn {
     }
 
     enum AccountAdmission {
-        /// Every scope the account counts in (counted now or before, within the window).
-        case admitted([AccountScope])
-        case refused(AccountScope, retryAfter: Int)
+        /// Every scope the account counts in (counted now or before, within the window), and
+        /// those this request counted it in.
+        case admitted(all: [AccountScope], counted: [AccountScope])
+        /// The scope is past its limit: the password waits for the e-mailed code.
+        case refused(AccountScope)
     }
 
     static let accountsPurpose = "in-app-accounts"
@@ -33,29 +35,36 @@ extension InAppSignIn {
     /// any instance relay passwords for at most `accounts_per_address` (`accounts_per_instance`)
     /// accounts. An account already counted in the window is not counted again. A refusal gives
     /// back what this request counted; a right password gives the account back (`giveBack`).
+    ///
+    /// Windows are aligned (the `accounts_window` of the Unix epoch the request falls in), and the
+    /// window is part of both keys, so that a pair and its scope's count always end together.
     func admitAccount(_ dialogue: ChallengeDialogue, client: AppClient, address: String?) async throws(OAuthError) -> AccountAdmission {
         let account = accountKey(dialogue)
+        let length = max(1, Int(settings.accountsWindow.inSeconds))
+        let window = Int(now().timeIntervalSince1970) / length
+        let end = Date(timeIntervalSince1970: TimeInterval((window + 1) * length))
         var scopes: [(AccountScope, Int)] = []
         if let address {
-            scopes.append((scope(.in_app_accounts_per_address, "address\n" + dialogue.upstream + "\n" + address, account: account),
+            scopes.append((scope(.in_app_accounts_per_address, "address\n\(window)\n" + dialogue.upstream + "\n" + address, account: account),
                            settings.accountsPerAddress))
         }
         if client.isInstance {
-            scopes.append((scope(.in_app_accounts_per_instance, "instance\n" + client.clientID, account: account), settings.accountsPerInstance))
+            scopes.append((scope(.in_app_accounts_per_instance, "instance\n\(window)\n" + client.clientID, account: account),
+                           settings.accountsPerInstance))
         }
         var counted: [AccountScope] = []
         for (scope, limit) in scopes {
-            let seen = try await countStore(Self.accountPairPurpose, scope.pairKey, window: settings.accountsWindow)
+            let seen = try await countStore(Self.accountPairPurpose, scope.pairKey, until: end)
             guard seen == 1 else { continue }
-            let tried = try await countStore(Self.accountsPurpose, scope.key, window: settings.accountsWindow)
+            let tried = try await countStore(Self.accountsPurpose, scope.key, until: end)
             counted.append(scope)
             if tried > limit {
                 await giveBack(counted)
                 limits.refused(scope.limit, clientID: dialogue.clientID, subject: nil)
-                return .refused(scope, retryAfter: Int(settings.accountsWindow.inSeconds))
+                return .refused(scope)
             }
         }
-        return .admitted(scopes.map(\.0))
+        return .admitted(all: scopes.map(\.0), counted: counted)
     }
 
     /// Gives the account back to the scopes that count it: its password was right, or it was not
@@ -111,9 +120,9 @@ extension InAppSignIn {
         return AccountScope(limit: limit, key: key, pairKey: SecureToken.hash(key + "\n" + account))
     }
 
-    private func countStore(_ purpose: String, _ key: String, window: Duration) async throws(OAuthError) -> Int {
+    private func countStore(_ purpose: String, _ key: String, until end: Date) async throws(OAuthError) -> Int {
         do {
-            return try await store.countAttempt(purpose: purpose, keyHash: key, expiresAt: expiry(after: window), now: now())
+            return try await store.countAttempt(purpose: purpose, keyHash: key, expiresAt: end, now: now())
         } catch {
             throw .serverError("Gatehouse cannot reach its store right now")
         }

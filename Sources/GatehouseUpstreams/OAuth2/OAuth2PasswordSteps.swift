@@ -122,7 +122,7 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     static func refusal(_ answer: Answer, auth0: Bool) -> InAppRefusal {
         let object = (try? JSONSerialization.jsonObject(with: answer.body)) as? [String: Any]
         if (400..<500).contains(answer.status), let code = object?["error"] as? String,
-           let refused = accountRefusal(code: code, description: object?["error_description"] as? String, auth0: auth0) {
+           let refused = accountRefusal(code: code, status: answer.status, description: object?["error_description"] as? String, auth0: auth0) {
             return .accountRefused(refused)
         }
         if answer.status == 429 {
@@ -143,10 +143,11 @@ struct OAuth2PasswordSteps: InAppSignInSteps {
     /// from suspicious-IP throttling, "We have detected suspicious login behavior…", is the
     /// client's address slowed down and read as any 429), 401 `password_leaked` (breached
     /// password detection), 403 `access_denied` (an Action's `api.access.deny`, and any server's
-    /// policy).
-    static func accountRefusal(code: String, description: String?, auth0: Bool) -> AccountRefusal? {
+    /// policy). A 401 `access_denied` is Gatehouse's own client authentication refused (Auth0
+    /// answers a wrong client secret so): no account's doing, an unusable answer.
+    static func accountRefusal(code: String, status: Int, description: String?, auth0: Bool) -> AccountRefusal? {
         switch code {
-        case "access_denied": return .denied
+        case "access_denied": return status == 401 ? nil : .denied
         case "too_many_attempts":
             return description?.lowercased().contains("suspicious") == true ? nil : .locked
         case "password_leaked": return .passwordLeaked

@@ -411,14 +411,17 @@ struct InAppSignInTests {
         }
     }
 
+    /// An app whose installs register as instances of their own, for `yaml(extraClient:)`.
+    static let installsClient = """
+          - client_id: com.example.installs
+            upstream: legacy
+            redirect_uris: ["com.example.installs:/cb"]
+            in_app_sign_in: on
+            instances: {}
+        """
+
     @Test func theAppsOwnClientIDOfAnAppWithInstancesPassesAnUnblockCodeLikeAnUncertifiedInstance() async throws {
-        let yaml = Self.yaml(extraClient: """
-              - client_id: com.example.installs
-                upstream: legacy
-                redirect_uris: ["com.example.installs:/cb"]
-                in_app_sign_in: on
-                instances: {}
-            """)
+        let yaml = Self.yaml(extraClient: Self.installsClient)
         try await Self.withRouter(yaml: yaml, recordingMail: true) { harness, client, _ in
             let session = try #require(json(try await client.challenge(Self.begin(client: "com.example.installs")))["auth_session"] as? String)
             let asked = try await client.challenge(["auth_session": session, "password": "correct horse"])
