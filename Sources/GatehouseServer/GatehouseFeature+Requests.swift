@@ -29,6 +29,13 @@ extension GatehouseFeature {
         guard let body = await boundedBody(request) else {
             throw .invalidRequest("the body is larger than \(configuration.server.maximumBodyBytes) bytes")
         }
+        return try Self.oauthForm(body, recognizing: names, limits: limits)
+    }
+
+    /// The form of an OAuth endpoint in a body already read; a malformed one is `invalid_request`.
+    static func oauthForm(_ body: ByteBuffer, recognizing names: Set<String>, limits: FormParameters.Limits = .init()) throws(OAuthError)
+        -> FormParameters
+    {
         do {
             return try FormParameters(parsing: body.readableBytesView, limits: limits, recognizing: names)
         } catch {

@@ -7,8 +7,9 @@ import Foundation
 /// ignore case, accents and default-ignorable code points. Any spelling such an upstream takes
 /// for the account must meet the account's counters, or an attacker gets fresh limits by typing
 /// `vïctim`, `vi\u{200B}ctim` or `vıctim`. The login is relayed as typed; only the counters' key
-/// is folded, further than any of these collations folds (accent- and case-insensitive at the
-/// primary strength of the Unicode Collation Algorithm):
+/// is folded, toward what these collations compare at the primary strength of the Unicode
+/// Collation Algorithm (accent- and case-insensitive), and past it where that is simpler (every
+/// spacing mark, every format character):
 ///
 /// 1. compatibility decomposition (NFKD: full-width, ligatures, the Kelvin sign);
 /// 2. combining marks (general categories Mn, Mc, Me) and default-ignorable code points (zero-width

@@ -29,7 +29,7 @@ extension InAppSignIn {
         }
         let answer: ChallengeAnswer
         do throws(OAuthError) {
-            let form = try Self.form(body)
+            let form = try Self.oauthForm(body, recognizing: Self.parameterNames)
             let proof = try await dpop.endpointProof(request, endpoint: Self.path)
             if let session = form["auth_session"] {
                 answer = await proceed(ChallengeInput(form: form, proof: proof, address: address, resolvedAddress: resolved), session: session)
@@ -59,14 +59,6 @@ extension InAppSignIn {
     static let secFetchMode = HTTPField.Name("Sec-Fetch-Mode")!
     static let secFetchDest = HTTPField.Name("Sec-Fetch-Dest")!
     static let secFetchUser = HTTPField.Name("Sec-Fetch-User")!
-
-    static func form(_ body: ByteBuffer) throws(OAuthError) -> FormParameters {
-        do {
-            return try FormParameters(parsing: body.readableBytesView, recognizing: Self.parameterNames)
-        } catch {
-            throw .invalidRequest(error.description)
-        }
-    }
 
     /// What one request brings.
     struct ChallengeInput {
@@ -299,7 +291,17 @@ extension InAppSignIn {
     private func relay(_ password: String, dialogue: inout ChallengeDialogue, steps: any InAppSignInSteps, address: String?, counted: Bool,
                        tried: (all: [AccountScope], counted: [AccountScope]) = ([], [])) async throws(OAuthError) -> ChallengeAnswer
     {
-        let result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
+        var result = await steps.password(login: dialogue.login, password: password, scopes: dialogue.scopes, clientAddress: address)
+        // The upstream refused the account, perhaps after its right password. Until a second factor
+        // is passed this is a wrong password from here on (the same answer, counted as one): the
+        // user meets the unblock code after `unblock_after` tries, and is told after it (`outcome`).
+        var failureReason = InAppFailure.incorrectPassword.rawValue
+        if counted, case .refused(.accountRefused(let reason)) = result {
+            logger.notice("in-app sign-in: the upstream refused the account; answered as a wrong password until a second factor",
+                          metadata: ["upstream": .string(dialogue.upstream), "reason": .string(reason.rawValue)])
+            failureReason = "account_refused_" + reason.rawValue
+            result = .refused(.wrongInput)
+        }
         if counted, Self.unjudged(result) {
             // The upstream never judged the password (unreachable, slow, asking to wait): the
             // attempt is given back, and the account where this request counted it.
@@ -312,20 +314,10 @@ extension InAppSignIn {
             await giveBack(tried.all)
         case .refused(.wrongInput):
             if !counted { _ = try await count(Self.failurePurpose, dialogue) }
-            await countFailure(dialogue, reason: InAppFailure.incorrectPassword.rawValue)
+            await countFailure(dialogue, reason: failureReason)
             // Back to the password, without the e-mailed code (a new one is sent if the account is over the line).
             dialogue.step = .password
             dialogue.unblockCodeHash = nil
-        case .refused(.accountRefused(let reason)) where counted:
-            // The upstream refused the account, perhaps after its right password. Until a second
-            // factor is passed this is told as a wrong password, whole answer alike, and counted as
-            // one: the user meets the unblock code after `unblock_after` tries, then is told.
-            logger.notice("in-app sign-in: the upstream refused the account; answered as a wrong password until a second factor",
-                          metadata: ["upstream": .string(dialogue.upstream), "reason": .string(reason.rawValue)])
-            await countFailure(dialogue, reason: "account_refused_" + reason.rawValue)
-            dialogue.step = .password
-            dialogue.unblockCodeHash = nil
-            return try await wrong(&dialogue, .incorrectPassword)
         default:
             break
         }

@@ -187,8 +187,12 @@ struct CentralProviderError: Equatable {
         let details = object["details"] as? [String]
         guard object["details"] == nil || details != nil else { return nil }
         self.status = answer.status
-        // Logged: bounded, printable.
-        self.message = String(message.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(200).map(Character.init))
-        self.details = (details ?? []).prefix(5).map { String($0.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(200).map(Character.init)) }
+        self.message = Self.loggable(message)
+        self.details = (details ?? []).prefix(5).map(Self.loggable)
+    }
+
+    /// The provider's words as the log takes them: printable, at most 200 characters.
+    private static func loggable(_ text: String) -> String {
+        String(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(200).map(Character.init))
     }
 }
