@@ -21,6 +21,8 @@ public struct Gatehouse: GatehouseFeature {
     let appInstances: AppInstances?
     let inAppSignIn: InAppSignIn?
     let relayFace: RelayFace?
+    /// The decision endpoint for the team's ingress (`forward_auth:`): the relay's admission, no data path.
+    let forwardAuthFace: ForwardAuthFace?
 
     /// A Gatehouse; `previous` is the one a reload replaces: its in-process state (rate-limit
     /// buckets, replay caches, refreshes in flight) carries over, and so do the upstream profiles with theirs.
@@ -53,7 +55,9 @@ public struct Gatehouse: GatehouseFeature {
         inAppSignIn = configuration.offersInAppSignIn ? InAppSignIn(context: context, mailer: mailer, instances: instances) : nil
         sealedSessions = sealed
         authorizationServer = AuthorizationServer(context: context, sessions: sealed, instances: instances, identityCache: relay?.cache)
-        relayFace = relay.map { RelayFace(context: context, services: $0, sealedSessions: sealed) }
+        let relayFace = relay.map { RelayFace(context: context, services: $0, sealedSessions: sealed) }
+        self.relayFace = relayFace
+        forwardAuthFace = relayFace.flatMap { face in configuration.forwardAuth.map { ForwardAuthFace(relay: face, settings: $0) } }
     }
 
     public var configuration: GatehouseConfiguration { context.configuration }

@@ -114,6 +114,10 @@ extension GatehouseConfiguration {
         let webviews = top.mapping("webviews").flatMap(decodeWebviews)
         let dpop = top.mapping("dpop").map(decodeDPoP) ?? DPoPSettings()
         let inAppSignIn = top.mapping("in_app_sign_in").map(decodeInAppSignIn) ?? InAppSignInSettings()
+        let forwardAuth = top.mapping("forward_auth").map(decodeForwardAuth)
+        if forwardAuth != nil, routes.isEmpty {
+            reader.report("forward_auth", root, "needs routes: a decision is about a route of the relay")
+        }
         for client in clients.values.sorted(by: { $0.clientID < $1.clientID }) where client.inAppSignIn == .on {
             if top.value("mail") == nil {
                 reader.report("mail", root, "is required: the client '\(client.clientID)' signs in in the app, and e-mails unblock codes")
@@ -138,6 +142,7 @@ extension GatehouseConfiguration {
         configuration.webviews = webviews
         configuration.dpop = dpop
         configuration.inAppSignIn = inAppSignIn
+        configuration.forwardAuth = forwardAuth
         return configuration
     }
 

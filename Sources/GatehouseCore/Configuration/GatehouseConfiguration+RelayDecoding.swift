@@ -74,9 +74,10 @@ extension GatehouseConfiguration {
         let prefix = map.string("prefix", required: true)
         if let prefix, !prefix.hasPrefix("/") || prefix.contains("?") || prefix.contains("#") || prefix.contains("..")
             || prefix.hasPrefix("/oauth") || prefix.hasPrefix("/.well-known") || ["/", "/healthz", "/readyz"].contains(prefix) || prefix.hasPrefix("/userinfo")
+            || prefix == ForwardAuthSettings.path || prefix.hasPrefix(ForwardAuthSettings.path + "/")
         {
             map.reader.report(map.childPath("prefix"), map.value("prefix"),
-                              "must be a path such as /api/contracts, not /, and not under /oauth, /userinfo or /.well-known")
+                              "must be a path such as /api/contracts, not /, and not under /oauth, /userinfo, /forward-auth or /.well-known")
         }
         let backend = endpoint("backend", in: map)
         let methods = Set((map.stringList("methods") ?? ["GET", "HEAD"]).map { $0.uppercased() })

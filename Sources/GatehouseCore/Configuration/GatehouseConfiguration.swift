@@ -21,6 +21,8 @@ public struct GatehouseConfiguration: Sendable {
     public var dpop: DPoPSettings = DPoPSettings()
     /// The in-app sign-in dialogue (`in_app_sign_in:`), for apps with `in_app_sign_in: on`.
     public var inAppSignIn: InAppSignInSettings = InAppSignInSettings()
+    /// The decision endpoint for the team's own ingress (`forward_auth:`); `nil`: none.
+    public var forwardAuth: ForwardAuthSettings?
 
     /// Whether any app may sign in at the authorization challenge endpoint.
     public var offersInAppSignIn: Bool { clients.values.contains { $0.inAppSignIn == .on } }

@@ -243,3 +243,39 @@ extension GatehouseConfiguration {
         return (String(host), port)
     }
 }
+
+/// `forward_auth`: decisions for the team's own ingress (nginx `auth_request`, ingress-nginx,
+/// Caddy `forward_auth`, Traefik `ForwardAuth`, Envoy `ext_authz`), on the relay's routes.
+public struct ForwardAuthSettings: Sendable, Equatable {
+    /// The endpoint's path; every path under it is Gatehouse's (no route may take it).
+    public static let path = "/forward-auth"
+    /// The ingress's addresses: the only peers answered, and whose headers are believed.
+    public var trustedProxies: [AddressRange]
+    /// The revocation bound: the longest an ingress may cache an allow (`Cache-Control: max-age`).
+    public var maxAge: Duration = .seconds(5)
+
+    public init(trustedProxies: [AddressRange], maxAge: Duration = .seconds(5)) {
+        self.trustedProxies = trustedProxies
+        self.maxAge = maxAge
+    }
+
+    /// Whether `peer` (the connection's address) is one of `trusted_proxies`.
+    public func trusts(_ peer: String?) -> Bool {
+        guard let peer else { return false }
+        return trustedProxies.contains { $0.contains(peer) }
+    }
+}
+
+extension GatehouseConfiguration {
+    static func decodeForwardAuth(_ map: MappingReader) -> ForwardAuthSettings {
+        let trusted = addressRanges("trusted_proxies", in: map)
+        if map.value("trusted_proxies") == nil || trusted.isEmpty {
+            map.reader.report(map.childPath("trusted_proxies"), map.node,
+                              "is required: the addresses of the ingress that asks (nobody else is answered)")
+        }
+        var settings = ForwardAuthSettings(trustedProxies: trusted)
+        settings.maxAge = map.duration("max_age", in: .zero...(.seconds(300))) ?? settings.maxAge
+        map.finish()
+        return settings
+    }
+}

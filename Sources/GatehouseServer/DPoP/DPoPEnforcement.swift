@@ -120,7 +120,9 @@ struct DPoPEnforcement: Sendable {
     /// Why a request with a DPoP-bound token (`ghd_…`) is refused, or `nil` when its proof is good:
     /// `Authorization: DPoP`, one proof for this method and URI, the token's hash (`ath`), the key the
     /// session is bound to, a fresh `jti`, and the server nonce when required.
-    func refusingBoundToken(_ request: Request, token: String, scheme: RelayAdmission.Scheme, boundThumbprint: String?) async -> Response? {
+    /// - Parameter htu: the URL the app called (no query); Gatehouse's own URL for the request when `nil`.
+    func refusingBoundToken(_ request: Request, token: String, scheme: RelayAdmission.Scheme, boundThumbprint: String?,
+                            htu: String? = nil) async -> Response? {
         guard scheme == .dpop else {
             return refusal(request, error: "invalid_token", detail: "The access token is bound to a DPoP key: send it as Authorization: DPoP with a proof.")
         }
@@ -133,7 +135,7 @@ struct DPoPEnforcement: Sendable {
         }
         let proof: VerifiedDPoPProof
         do {
-            proof = try verify(values[0], method: request.method.rawValue, url: issuer + request.uri.path, accessToken: token)
+            proof = try verify(values[0], method: request.method.rawValue, url: htu ?? issuer + request.uri.path, accessToken: token)
         } catch {
             if error.useNonce {
                 return refusal(request, error: "use_dpop_nonce", detail: "The DPoP proof must carry the nonce of the DPoP-Nonce header.")

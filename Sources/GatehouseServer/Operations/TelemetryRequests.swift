@@ -12,6 +12,7 @@ enum RouteLabel {
     /// The label of `path`, given the paths Gatehouse answers and the relayed routes.
     static func of(path: String, endpoints: [String: [HTTPRequest.Method]], relayed route: RouteSettings?) -> String {
         if let route { return of(route) }
+        if ForwardAuthFace.owns(path) { return ForwardAuthSettings.path }
         let routed = routerPath(path)
         return endpoints[routed] != nil ? routed : unmatched
     }

@@ -18,10 +18,10 @@ extension RelayFace {
     /// 429 when the client address is over `identity_lookups_per_address` and the token is not
     /// in the identity cache (a real look-up is about to happen); `nil` to go on. A cached
     /// answer, positive or negative, costs the identity service nothing and is never limited.
-    func refusingOverLookupLimit(token: String, upstream: String, request: Request, context: some GatehouseRequestContextProtocol) -> Response? {
+    func refusingOverLookupLimit(token: String, upstream: String, request: Request, clientAddress: () -> String?) -> Response? {
         guard limits.identityLookupsPerAddress != nil,
               services.cache.peek(token: token, upstream: upstream, counting: false) == nil,
-              let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+              let address = clientAddress(),
               let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
     }
@@ -29,9 +29,9 @@ extension RelayFace {
     /// 429 when the client address is over `identity_lookups_per_address` and the Gatehouse access
     /// token is not among the sessions recently opened: finding it costs a store query, which a
     /// flood of made-up tokens must not be able to ask for without limit; `nil` to go on.
-    func refusingOverSessionLookupLimit(token: String, request: Request, context: some GatehouseRequestContextProtocol) -> Response? {
+    func refusingOverSessionLookupLimit(token: String, request: Request, clientAddress: () -> String?) -> Response? {
         guard limits.identityLookupsPerAddress != nil, let sessions = sealedSessions?.services, !sessions.hasOpenView(forGatehouseToken: token),
-              let address = limits.clientAddress(peer: context.remoteAddress, headers: request.headers),
+              let address = clientAddress(),
               let wait = limits.take(.identity_address, key: address) else { return nil }
         return .tooManyRequests(retryAfter: wait.retryAfterSeconds, for: request)
     }

@@ -26,123 +26,33 @@ extension RelayFace {
     /// Bodies up to this size are read whole and sent with a length; larger ones stream.
     static let bufferedBodyLimit = 64 * 1024
 
-    /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): the general path. The same admission
-    /// as the fast path (`RelayAdmission`), then the token (sealed sessions refreshed when due),
-    /// the caller resolved once (cached), the route's rule, and the relay to the backend, streaming.
+    /// `ANY {route.prefix}/…` (myVOO steps 1a–1c, 6a–6b): the general path. The admission
+    /// (`decide`), then the relay to the backend, streaming.
     func serve<Context: GatehouseRequestContextProtocol>(_ request: Request, context: Context, route: RouteSettings) async -> Response {
+        let limits = self.limits
+        let decision = await decide(request, route: route, htu: issuer + request.uri.path,
+                                    clientAddress: { limits.clientAddress(peer: context.remoteAddress, headers: request.headers) })
+        let admitted: Admitted
+        switch decision {
+        case .refused(let response): return response
+        case .admitted(let decided): admitted = decided
+        }
         let relay = services
-        guard let identitySettings = configuration.upstreams[route.upstream]?.identity,
-              let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
-            return .problem(.notFound(), for: request)
-        }
-        let resolver = relay.resolvers[route.upstream]
-        guard resolver != nil || identitySettings.kind == .session else { return .problem(.notFound(), for: request) }
-        let head = HummingbirdRelayHead(request: request)
-        let admission: RelayAdmission
-        let sessionCookie = route.acceptSessionCookie ? RelayHeaderPolicy.sessionCookie(in: request.headers[values: .cookie]) : nil
-        switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath, sessionCookie: sessionCookie) {
-        case .success(let admitted): admission = admitted
-        case .failure(.signIn(let detail)): return signInAgain(request, route: route, detail: detail)
-        case .failure(.problem(let problem, let allow)):
-            return .problem(problem, for: request, allow: allow.compactMap { HTTPRequest.Method($0) })
-        }
-        let token = admission.bearer
-        // A Gatehouse token (sealed session) stands for the session's upstream token, which is
-        // what the identity service is asked about and what the backend may receive.
-        var upstreamToken = token
-        var sealed = false
-        var sealedView: SessionServices.SessionView?
-        if token.hasPrefix(SessionServices.refreshPrefix) {
-            // A Gatehouse refresh token is never a bearer token, and never leaves Gatehouse.
-            return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-        }
-        if let refusal = refusingCredential(admission, token: token, request: request, route: route) { return refusal }
-        if SessionServices.isAccessToken(token) {
-            guard let sessions = sealedSessions?.services else { return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.") }
-            if let refused = refusingOverSessionLookupLimit(token: token, request: request, context: context) { return refused }
-            switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
-            case .fresh(let view) where view.upstream == route.upstream:
-                if token.hasPrefix(SessionServices.boundAccessPrefix),
-                   let refusal = await dpop.refusingBoundToken(request, token: token, scheme: admission.scheme, boundThumbprint: view.dpopJKT) {
-                    return refusal
-                }
-                upstreamToken = view.tokens.accessToken.reveal()
-                sealed = true
-                sealedView = view
-            case .fresh, .ended:
-                return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-            case .unavailable(let retryAfter):
-                return .unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter)
-            }
-        }
-        var resolution: IdentityResolution
-        if identitySettings.kind == .session {
-            // Who signed in is in the sealed session, verified at sign-in: no identity call.
-            guard let view = sealedView, let userinfo = view.userinfo,
-                  let identity = SessionIdentity.identity(fromUserinfo: userinfo, settings: identitySettings) else {
-                return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-            }
-            resolution = .active(identity)
-            // For the fast path, which finds identities by upstream token.
-            relay.cache.insert(resolution, forToken: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL)
-        } else if let resolver {
-            // A sealed session's token was found in the store: never junk, never limited per address.
-            if !sealed, let refusal = refusingOverLookupLimit(token: upstreamToken, upstream: route.upstream, request: request, context: context) {
-                return refusal
-            }
-            do {
-                resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
-                                                           negativeTTL: identitySettings.negativeTTL, resolver: resolver)
-                if resolution == .inactive, let sessions = sealedSessions?.services, let view = sealedView, view.upstreamExpiresAt == nil {
-                    // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
-                    // refresh once now rather than send the app to sign in again.
-                    let refreshed: SessionServices.SessionView
-                    switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
-                    case .fresh(let view): refreshed = view
-                    case .ended: return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-                    case .unavailable(let retryAfter):
-                        // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
-                        return .unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter)
-                    }
-                    sessions.views.dropSession(view.sessionID, revoked: false)
-                    upstreamToken = refreshed.tokens.accessToken.reveal()
-                    resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
-                                                               negativeTTL: identitySettings.negativeTTL, resolver: resolver)
-                }
-            } catch {
-                return identityUnavailable(error, route: route, request: request)
-            }
-        } else {
-            return .problem(.notFound(), for: request)
-        }
-        guard case .active(let identity) = resolution else {
-            return signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")
-        }
-        if let problem = admission.authorize(identity) {
-            return .problem(problem, for: request)
-        }
-        if let refusal = refusingOverSubjectLimit(identity, token: upstreamToken, clientID: sealedView?.clientID, request: request) {
-            return refusal
-        }
+        let admission = admitted.admission, identity = admitted.identity, backend = admitted.backend
         let url = backend.origin + admission.target
         guard Self.isCarriedFaithfully(url: url, target: admission.target) else {
             return .problem(.badRequest("The path cannot be relayed as it was sent."), for: request)
         }
+        let head = HummingbirdRelayHead(request: request)
         do {
-            var authorization: String?
-            if route.authorization == .assertion, let signer = relay.signer {
-                authorization = try await signer.assertion(for: identity, audience: route.backend)
-            } else if sealed, route.authorization == .passthrough {
-                // The token-handler pattern: the backend sees the upstream token it expects.
-                authorization = upstreamToken
-            }
+            let authorization = try await replacedAuthorization(admitted, route: route)
             var outbound = HTTPClientRequest(url: url)
             outbound.method = HTTPMethod(rawValue: request.method.rawValue)
             outbound.tlsConfiguration = relay.backendTLS[route.prefix]?.configuration
-            outbound.headers = policy.outboundHeaders(from: head, connectionTokens: admission.connectionTokens, identity: identity,
-                                                      authorization: authorization, host: nil, forwarding: relay.forwarding,
-                                                      peer: relay.forwarding.peer(context.remoteAddress), requestID: context.requestID,
-                                                      clientRequestID: context.clientRequestID)
+            outbound.headers = admitted.policy.outboundHeaders(from: head, connectionTokens: admission.connectionTokens, identity: identity,
+                                                               authorization: authorization, host: nil, forwarding: relay.forwarding,
+                                                               peer: relay.forwarding.peer(context.remoteAddress), requestID: context.requestID,
+                                                               clientRequestID: context.clientRequestID)
             if admission.expectsContinue { await context.sendContinue() }
             try await attachBody(admission.body, of: request, to: &outbound, route: route)
             let response = try await backendCall(outbound, backend: backend, route: route, client: relay.backendClient)
@@ -159,6 +69,143 @@ extension RelayFace {
             logger.warning("backend unavailable", metadata: ["route": .string(route.prefix), "error_type": .string(String(describing: type(of: error)))])
             return .problem(.backendUnavailable(), for: request)
         }
+    }
+
+    /// What the admission decided: the relay's answer, or the caller admitted on the route.
+    enum Decision {
+        case refused(Response)
+        case admitted(Admitted)
+    }
+
+    /// A request admitted on its route: who the caller is, and what the backend may be sent.
+    struct Admitted {
+        let admission: RelayAdmission
+        let identity: CallerIdentity
+        /// The token the identity service was asked about: the app's, or its sealed session's upstream token.
+        let upstreamToken: String
+        /// Whether the app's token was a Gatehouse (sealed session) token.
+        let sealed: Bool
+        let backend: RouteBackend
+        let policy: RelayHeaderPolicy
+    }
+
+    /// The one admission of the resource relay, run for every relayed request and for every
+    /// decision asked by an ingress (`ForwardAuthFace`): the same admission as the fast path
+    /// (`RelayAdmission`: method, target, framing, token), then the token (sealed sessions
+    /// refreshed when due, DPoP proofs checked against `htu`), the caller resolved once (cached),
+    /// the route's rule and the rate limits. It reads no body and contacts no backend.
+    /// - Parameters:
+    ///   - htu: the URL the app called, without query: what a DPoP proof must name.
+    ///   - clientAddress: the client's address as the limits count it, worked out only when a limit needs it.
+    func decide(_ request: Request, route: RouteSettings, htu: String, clientAddress: () -> String?) async -> Decision {
+        let relay = services
+        guard let identitySettings = configuration.upstreams[route.upstream]?.identity,
+              let backend = relay.backends[route.prefix], let policy = relay.policies[route.prefix] else {
+            return .refused(.problem(.notFound(), for: request))
+        }
+        let resolver = relay.resolvers[route.upstream]
+        guard resolver != nil || identitySettings.kind == .session else { return .refused(.problem(.notFound(), for: request)) }
+        let head = HummingbirdRelayHead(request: request)
+        let admission: RelayAdmission
+        let sessionCookie = route.acceptSessionCookie ? RelayHeaderPolicy.sessionCookie(in: request.headers[values: .cookie]) : nil
+        switch RelayAdmission.admit(head, route: route, backendPath: backend.basePath, sessionCookie: sessionCookie) {
+        case .success(let admitted): admission = admitted
+        case .failure(.signIn(let detail)): return .refused(signInAgain(request, route: route, detail: detail))
+        case .failure(.problem(let problem, let allow)):
+            return .refused(.problem(problem, for: request, allow: allow.compactMap { HTTPRequest.Method($0) }))
+        }
+        let token = admission.bearer
+        // A Gatehouse token (sealed session) stands for the session's upstream token, which is
+        // what the identity service is asked about and what the backend may receive.
+        var upstreamToken = token
+        var sealed = false
+        var sealedView: SessionServices.SessionView?
+        if token.hasPrefix(SessionServices.refreshPrefix) {
+            // A Gatehouse refresh token is never a bearer token, and never leaves Gatehouse.
+            return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked."))
+        }
+        if let refusal = refusingCredential(admission, token: token, request: request, route: route) { return .refused(refusal) }
+        if SessionServices.isAccessToken(token) {
+            guard let sessions = sealedSessions?.services else { return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked.")) }
+            if let refused = refusingOverSessionLookupLimit(token: token, request: request, clientAddress: clientAddress) { return .refused(refused) }
+            switch await sessions.upstreamAccessToken(forGatehouseToken: token, upstreams: upstreams) {
+            case .fresh(let view) where view.upstream == route.upstream:
+                if token.hasPrefix(SessionServices.boundAccessPrefix),
+                   let refusal = await dpop.refusingBoundToken(request, token: token, scheme: admission.scheme, boundThumbprint: view.dpopJKT, htu: htu) {
+                    return .refused(refusal)
+                }
+                upstreamToken = view.tokens.accessToken.reveal()
+                sealed = true
+                sealedView = view
+            case .fresh, .ended:
+                return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked."))
+            case .unavailable(let retryAfter):
+                return .refused(.unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter))
+            }
+        }
+        var resolution: IdentityResolution
+        if identitySettings.kind == .session {
+            // Who signed in is in the sealed session, verified at sign-in: no identity call.
+            guard let view = sealedView, let userinfo = view.userinfo,
+                  let identity = SessionIdentity.identity(fromUserinfo: userinfo, settings: identitySettings) else {
+                return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked."))
+            }
+            resolution = .active(identity)
+            // For the fast path, which finds identities by upstream token.
+            relay.cache.insert(resolution, forToken: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL)
+        } else if let resolver {
+            // A sealed session's token was found in the store: never junk, never limited per address.
+            if !sealed, let refusal = refusingOverLookupLimit(token: upstreamToken, upstream: route.upstream, request: request, clientAddress: clientAddress) {
+                return .refused(refusal)
+            }
+            do {
+                resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
+                                                           negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+                if resolution == .inactive, let sessions = sealedSessions?.services, let view = sealedView, view.upstreamExpiresAt == nil {
+                    // The upstream gave no `expires_in`, so Gatehouse could not refresh ahead of time:
+                    // refresh once now rather than send the app to sign in again.
+                    let refreshed: SessionServices.SessionView
+                    switch await sessions.refresh(sessionID: view.sessionID, knownVersion: view.version, upstreams: upstreams) {
+                    case .fresh(let view): refreshed = view
+                    case .ended: return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked."))
+                    case .unavailable(let retryAfter):
+                        // Only invalid_grant ends a session: an upstream that cannot refresh now is an outage.
+                        return .refused(.unavailable(.identityUnavailable(), for: request, retryAfter: retryAfter))
+                    }
+                    sessions.views.dropSession(view.sessionID, revoked: false)
+                    upstreamToken = refreshed.tokens.accessToken.reveal()
+                    resolution = try await relay.cache.resolve(token: upstreamToken, upstream: route.upstream, ttl: identitySettings.cacheTTL,
+                                                               negativeTTL: identitySettings.negativeTTL, resolver: resolver)
+                }
+            } catch {
+                return .refused(identityUnavailable(error, route: route, request: request))
+            }
+        } else {
+            return .refused(.problem(.notFound(), for: request))
+        }
+        guard case .active(let identity) = resolution else {
+            return .refused(signInAgain(request, route: route, detail: "The access token is invalid, expired or revoked."))
+        }
+        if let problem = admission.authorize(identity) {
+            return .refused(.problem(problem, for: request))
+        }
+        if let refusal = refusingOverSubjectLimit(identity, token: upstreamToken, clientID: sealedView?.clientID, request: request) {
+            return .refused(refusal)
+        }
+        return .admitted(Admitted(admission: admission, identity: identity, upstreamToken: upstreamToken, sealed: sealed,
+                                  backend: backend, policy: policy))
+    }
+
+    /// The `Authorization` the backend gets in place of the app's: a signed assertion
+    /// (`authorization: assertion`), or a sealed session's upstream token (`passthrough`, the
+    /// token-handler pattern); `nil` to leave the app's header to the route's policy.
+    func replacedAuthorization(_ admitted: Admitted, route: RouteSettings) async throws -> String? {
+        if route.authorization == .assertion, let signer = services.signer {
+            return try await signer.assertion(for: admitted.identity, audience: route.backend)
+        } else if admitted.sealed, route.authorization == .passthrough {
+            return admitted.upstreamToken
+        }
+        return nil
     }
 
     /// The backend call in a client span `backend <route label>` (no URL, no query: the host
