@@ -622,6 +622,41 @@ def test_an_allow_is_200_with_what_the_relay_would_set_and_a_bounded_lifetime(st
     assert missing.status == 400 and "X-Original" in problem(missing)["detail"], missing
 
 
+def test_a_decision_on_the_fast_path_is_the_general_paths_answer(stack):
+    """The first question about a token goes the general way (its identity is not cached); the
+    next ones are answered on the event loop (the log says relay=fast). Both give the same allow,
+    header for header, by nginx's convention and Envoy's; a refusal is never the fast path's."""
+    lines = stack["gatehouse"]["lines"]
+    for path, headers in [("/forward-auth", lambda token: forward_auth_request(target="/api/x?q=1", token=token)),
+                          ("/forward-auth/envoy/api/x?q=1", lambda token: [("Authorization", f"Bearer {token}"),
+                                                                           ("X-Forwarded-Proto", "https")])]:
+        token, _ = stack["identity"].issue()
+        answers = []
+        # One keep-alive connection, as an ingress keeps to its auth service (`Connection: close`
+        # goes the general way, for the relay as for decisions).
+        with RawClient(stack["ports"]["relay"], timeout=15) as client:
+            responses = [client.exchange(raw_request("GET", path, headers(token), host="127.0.0.1")) for _ in range(3)]
+        for response in responses:
+            assert response.status == 200, response
+            request_id = response.header("X-Request-Id")
+            lines.wait_for(re.escape(request_id))
+            meta = lines.requests[request_id]
+            answers.append((meta.get("relay"), response))
+        assert [relay for relay, _ in answers] == [None, "fast", "fast"], (path, [meta for meta, _ in answers])
+        general, fast = answers[0][1], answers[1][1]
+        comparable_headers = lambda response: sorted((name.lower(), value) for name, value in response.headers
+                                                     if name.lower() not in ("x-request-id", "date", "connection"))
+        assert comparable_headers(fast) == comparable_headers(general), (path, fast.headers, general.headers)
+        assert fast.body == general.body == b""
+    # A refusal (here the route's rule) is answered by the general path only, with its body.
+    token, _ = stack["identity"].issue(scope="read")
+    for _ in range(2):
+        refused = call(stack, "relay", "GET", "/forward-auth", forward_auth_request(target="/admin/x", token=token))
+        assert refused.status == 403 and problem(refused)["status"] == 403
+        lines.wait_for(re.escape(refused.header("X-Request-Id")))
+        assert lines.requests[refused.header("X-Request-Id")].get("relay") is None
+
+
 def test_only_trusted_proxies_are_answered_and_nothing_they_send_is_read(stack):
     """trusted_proxies is 127.0.0.1/32 and ::1/128: 127.0.0.2 (also this machine's loopback) is not."""
     token, _ = stack["identity"].issue()

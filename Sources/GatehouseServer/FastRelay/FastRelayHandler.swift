@@ -58,6 +58,8 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// The route's timeout for the running exchange.
     private var timer: LazyTimer?
     private var remoteAddress: String?
+    /// When the last request was planned: a decision answered here (`.answer`) took from then.
+    private var planned = NIODeadline.now()
     /// What this connection's previous requests left the planner (see `ConnectionMemo`).
     private var memo = ConnectionMemo()
     /// The metrics of the route last relayed on this connection (looked up once per connection and route).
@@ -157,6 +159,7 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .passOn(let part):
             context.fireChannelRead(wrapInboundOut(part))
         case .plan(let head):
+            planned = NIODeadline.now()
             let plan = planner.plan(head, remoteAddress: remoteAddress, memo: &memo)
             perform(machine.planned(plan, for: head), context: context)
         case .admit(let proof, let target, let exchange):
@@ -202,6 +205,10 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
             writeEnd(reportingWritten: completion.reportsEndWritten, context: context)
             if resumeReading { backend.channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
             backend.handler.release(reusable: reusable)
+            complete(completion, context: context)
+        case .answer(let head, let completion):
+            context.write(wrapOutboundOut(.head(head)), promise: nil)
+            writeEnd(reportingWritten: completion.reportsEndWritten, context: context)
             complete(completion, context: context)
         case .answerProblem(let problem, let completion, let closing, let headers):
             closing?.handler.release(reusable: false)
@@ -278,6 +285,13 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// Counts a finished (or broken-off) exchange; returns its duration in nanoseconds.
     @discardableResult
     private func count(_ exchange: Machine.Exchange, status: UInt) -> Int64 {
+        if exchange.plan.answer != nil {
+            // A forward-auth decision: counted as the general path counts one (route `/forward-auth`).
+            let elapsed = NIODeadline.now() - planned
+            RequestMetrics.record(route: ForwardAuthSettings.path, method: exchange.plan.head.method.rawValue, status: Int(status),
+                                  relayed: false, elapsed: .nanoseconds(elapsed.nanoseconds))
+            return elapsed.nanoseconds
+        }
         let nanoseconds = (NIODeadline.now() - exchange.started).nanoseconds
         metrics(for: exchange.plan.target).record(method: exchange.plan.head.method.rawValue, status: Int(status), nanoseconds: nanoseconds)
         return nanoseconds

@@ -68,6 +68,9 @@ struct FastRelayPlan {
     /// A DPoP-bound token's proof, new to this instance: its `jti` is written to the store, and
     /// found new there, before the request reaches the backend (`nil` for other tokens).
     var proofRecord: FastProofRecord? = nil
+    /// An ingress's question answered here (`forward_auth:`): this answer is written, and no
+    /// backend is contacted (`head` is then the question's).
+    var answer: HTTPResponseHead? = nil
 
     /// Sent again on a fresh connection when a pooled one turns out closed (RFC 9110 §9.2.2):
     /// a POST or PATCH is never sent twice.
@@ -77,6 +80,15 @@ struct FastRelayPlan {
         default: false
         }
     }
+}
+
+/// Who the caller of a request the fast path takes is (`FastRelayPlanner.caller`).
+struct FastCaller {
+    let identity: CallerIdentity
+    /// The token the identity was found under: the app's, or its sealed session's upstream token.
+    let token: String
+    let sealed: Bool
+    let proofRecord: FastProofRecord?
 }
 
 /// The first use of a proof, to be written to the store by the `DPoPEnforcement` that checked
@@ -126,6 +138,9 @@ final class FastRelayPlanner: Sendable {
         let target = request.uri
         let pathEnd = target.utf8.firstIndex(of: UInt8(ascii: "?")) ?? target.endIndex
         let path = String(target[..<pathEnd])
+        if let forwardAuth = configuration.forwardAuth, ForwardAuthFace.owns(path) {
+            return decision(request, path: path, settings: forwardAuth, remoteAddress: remoteAddress, memo: &memo)
+        }
         guard let index = configuration.routeIndex(for: path), let fast = routes[index] else { return nil }
         let route = fast.route
         let head = NIORelayHead(head: request)
@@ -138,13 +153,38 @@ final class FastRelayPlanner: Sendable {
         case .length(let length) where length <= fast.maximumFastBody && Self.mayCarryBody(request.method): bodyLength = length
         case .length, .chunked: return nil
         }
+        guard let caller = caller(admission, head: head, method: request.method, path: path, fast: fast, memo: &memo) else { return nil }
+        let identity = caller.identity, token = caller.token, sealed = caller.sealed, proofRecord = caller.proofRecord
+
+        let requestID = RequestIDGenerator.shared.next()
+        let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
+        var headers = fast.policy.outboundHeaders(
+            from: head, connectionTokens: admission.connectionTokens, identity: identity,
+            authorization: sealed && route.authorization == .passthrough ? token : nil,
+            host: fast.hostHeader, forwarding: relay.forwarding,
+            peer: memo.peer(remoteAddress, forwarding: relay.forwarding), requestID: requestID, clientRequestID: clientRequestID)
+        if bodyLength > 0 || Self.announcesEmptyBody(request.method) {
+            headers.add(name: "Content-Length", value: String(bodyLength))
+        }
+        let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
+        return FastRelayPlan(target: fast, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
+                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path, proofRecord: proofRecord)
+    }
+
+    /// The caller of an admitted request, when the fast path can know it without waiting: a
+    /// bearer token (or a sealed session opened moments ago, or a DPoP-bound one with its
+    /// proof when `dpopHTU` allows) whose identity is cached, passes the route's rule and is
+    /// within `relay_per_subject`. `nil` sends the request the general way, which answers it.
+    private func caller(_ admission: RelayAdmission, head: NIORelayHead, method: HTTPMethod, path: String, fast: FastRoute,
+                        allowsProof: Bool = true, memo: inout ConnectionMemo) -> FastCaller? {
+        let route = fast.route
         var token = admission.bearer
         var sealed = false
         var boundThumbprint: String?
         // Web-session cookies (CSRF) go the general way; so does any token in the wrong scheme,
         // which the general path refuses with its precise answer.
         let bound = token.hasPrefix(SessionServices.boundAccessPrefix)
-        guard admission.scheme == (bound ? .dpop : .bearer), !token.hasPrefix(SessionServices.cookiePrefix) else { return nil }
+        guard admission.scheme == (bound ? .dpop : .bearer), !token.hasPrefix(SessionServices.cookiePrefix), allowsProof || !bound else { return nil }
         if token.hasPrefix(SessionServices.accessPrefix) || bound {
             // Only a session opened moments ago by the general path, and not due for refresh.
             let now = Date()
@@ -171,7 +211,7 @@ final class FastRelayPlanner: Sendable {
         // before (a replay never takes the caller's rate-limit tokens; the general path refuses it).
         var proof: VerifiedDPoPProof?
         if let boundThumbprint {
-            guard let dpop, let checked = dpop.fastPathProof(head.dpop, method: request.method.rawValue, path: path, token: admission.bearer,
+            guard let dpop, let checked = dpop.fastPathProof(head.dpop, method: method.rawValue, path: path, token: admission.bearer,
                                                              boundThumbprint: boundThumbprint), !dpop.hasSeen(checked) else { return nil }
             proof = checked
         }
@@ -184,20 +224,67 @@ final class FastRelayPlanner: Sendable {
             guard let spend = dpop.remember(proof) else { return nil }
             proofRecord = FastProofRecord(spend: spend, dpop: dpop)
         }
+        return FastCaller(identity: identity, token: token, sealed: sealed, proofRecord: proofRecord)
+    }
 
-        let requestID = RequestIDGenerator.shared.next()
-        let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
-        var headers = fast.policy.outboundHeaders(
-            from: head, connectionTokens: admission.connectionTokens, identity: identity,
-            authorization: sealed && route.authorization == .passthrough ? token : nil,
-            host: fast.hostHeader, forwarding: relay.forwarding,
-            peer: memo.peer(remoteAddress, forwarding: relay.forwarding), requestID: requestID, clientRequestID: clientRequestID)
-        if bodyLength > 0 || Self.announcesEmptyBody(request.method) {
-            headers.add(name: "Content-Length", value: String(bodyLength))
+    /// An ingress's question (`forward_auth:`) answered on the event loop: from a trusted proxy,
+    /// with no body, about a request the fast path would relay (a bearer token or a sealed
+    /// session's, identity cached, rule passed, within `relay_per_subject`). The answer is the
+    /// general path's allow (`ForwardAuthAllow`); every other question, and every refusal, goes
+    /// the general way (`ForwardAuthFace`), which answers it.
+    private func decision(_ request: HTTPRequestHead, path: String, settings: ForwardAuthSettings, remoteAddress: String?,
+                          memo: inout ConnectionMemo) -> FastRelayPlan? {
+        guard settings.trusts(remoteAddress) else { return nil }
+        let envoyTarget: String?
+        if path == ForwardAuthSettings.path {
+            envoyTarget = nil
+        } else if path.hasPrefix(ForwardAuthFace.envoyPrefix + "/") {
+            envoyTarget = String(request.uri.dropFirst(ForwardAuthFace.envoyPrefix.count))
+        } else {
+            return nil
         }
-        let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
-        return FastRelayPlan(target: fast, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
-                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path, proofRecord: proofRecord)
+        let own = NIORelayHead(head: request)
+        guard own.values(of: .transferEncoding).isEmpty, own.values(of: .expect).isEmpty,
+              own.values(of: .contentLength).allSatisfy({ $0 == "0" }),
+              !own.values(of: .connection).contains(where: { $0.lowercased().contains("close") || $0.lowercased().contains("upgrade") })
+        else { return nil }
+        let fields: ForwardedRequest.Fields = { name in request.headers[name] }
+        guard case .success(let original) = ForwardedRequest.read(fields, ownMethod: request.method.rawValue, envoyTarget: envoyTarget)
+        else { return nil }
+        let method = HTTPMethod(rawValue: original.method)
+        // The app's request as the relay would have seen it: its method and target, the client's
+        // headers the ingress passed, none of the question's own framing.
+        var appHeaders = HTTPHeaders()
+        for (name, value) in request.headers where !Self.isFraming(name) { appHeaders.add(name: name, value: value) }
+        let appRequest = HTTPRequestHead(version: .http1_1, method: method, uri: original.target, headers: appHeaders)
+        let appPathEnd = original.target.utf8.firstIndex(of: UInt8(ascii: "?")) ?? original.target.endIndex
+        let appPath = String(original.target[..<appPathEnd])
+        guard let index = configuration.routeIndex(for: appPath), let fast = routes[index] else { return nil }
+        let route = fast.route
+        let head = NIORelayHead(head: appRequest)
+        guard case .success(let admission) = RelayAdmission.admit(head, route: route, backendPath: fast.backend.basePath),
+              let caller = caller(admission, head: head, method: method, path: appPath, fast: fast, allowsProof: false, memo: &memo)
+        else { return nil }
+        let authorization = ForwardAuthAllow.authorization(route: route, replaced: caller.sealed && route.authorization == .passthrough ? caller.token : nil,
+                                                           scheme: admission.scheme, appHeader: head.values(of: .authorization).first)
+        let seconds = ForwardAuthAllow.cacheSeconds(scheme: admission.scheme, maxAge: settings.maxAge,
+                                                    cacheTTL: configuration.upstreams[route.upstream]?.identity?.cacheTTL,
+                                                    expiresAt: caller.identity.expiresAt, now: Date())
+        let requestID = RequestIDGenerator.shared.next()
+        var answer = HTTPHeaders()
+        for (name, value) in ForwardAuthAllow.headers(route: route, identity: caller.identity, authorization: authorization, cacheSeconds: seconds) {
+            answer.add(name: name, value: value)
+        }
+        answer.add(name: "X-Request-Id", value: requestID)
+        return FastRelayPlan(target: fast, head: request, requestID: requestID,
+                             clientRequestID: own.requestID.flatMap(RelayForwarding.acceptableClientRequestID), isHead: request.method == .HEAD,
+                             bodyLength: 0, path: path, answer: HTTPResponseHead(version: .http1_1, status: .ok, headers: answer))
+    }
+
+    /// The question's own framing fields: never the app's (a decision reads no body).
+    private static func isFraming(_ name: String) -> Bool {
+        RelayHeaderPolicy.isNamed(name, "content-length") || RelayHeaderPolicy.isNamed(name, "transfer-encoding")
+            || RelayHeaderPolicy.isNamed(name, "expect") || RelayHeaderPolicy.isNamed(name, "connection")
     }
 
     /// A body on GET, HEAD or OPTIONS goes the general way: backends that ignore such a body

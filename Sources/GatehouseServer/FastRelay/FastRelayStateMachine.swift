@@ -121,6 +121,8 @@ struct FastRelayStateMachine<Backend> {
         /// Disarm the timer and write the answer's end; turn reading the backend back on when
         /// `resumeReading`; give the connection back (`reusable`) or close it; then count.
         case endAnswer(Completion, backend: Backend, reusable: Bool, resumeReading: Bool)
+        /// Write this answer (head only: it has no body) and its end; then count. No backend was asked.
+        case answer(HTTPResponseHead, Completion)
         /// Close `closing` if set, disarm the timer, answer the problem in full (with `headers`
         /// besides its own); then count.
         case answerProblem(GatehouseProblem, Completion, closing: Backend?, headers: [(String, String)])
@@ -258,6 +260,10 @@ struct FastRelayStateMachine<Backend> {
         var app = app
         app.lastExchangeID &+= 1
         var exchange = Exchange(plan: plan, body: body, id: app.lastExchangeID, swallowsEnd: swallowsEnd)
+        if let answer = plan.answer {
+            // An ingress's question answered here: no backend, over at once.
+            return .answer(answer, complete(exchange, status: answer.status.code, app: app))
+        }
         exchange.admitting = plan.proofRecord != nil
         state = .connecting(exchange, app)
         if let proof = plan.proofRecord { return .admit(proof, plan.target, exchange: app.lastExchangeID) }

@@ -103,42 +103,19 @@ struct ForwardAuthFace {
     private static let framing: Set<HTTPField.Name> = [.contentLength, .transferEncoding, .expect, .connection]
 
     /// 200: the route's identity headers, the `Authorization` the backend should get, and how long
-    /// the ingress may keep the answer.
+    /// the ingress may keep the answer (`ForwardAuthAllow`, which the fast path answers with too).
     private func allowed(_ admitted: RelayFace.Admitted, route: RouteSettings, appRequest: Request) async throws -> Response {
+        let scheme = admitted.admission.scheme
+        let authorization = ForwardAuthAllow.authorization(route: route, replaced: try await relay.replacedAuthorization(admitted, route: route),
+                                                           scheme: scheme, appHeader: appRequest.headers[values: .authorization].first)
+        let seconds = ForwardAuthAllow.cacheSeconds(scheme: scheme, maxAge: settings.maxAge,
+                                                    cacheTTL: relay.configuration.upstreams[route.upstream]?.identity?.cacheTTL,
+                                                    expiresAt: admitted.identity.expiresAt, now: relay.now())
         var headers = HTTPFields()
-        for header in route.identityHeaders {
-            guard let name = HTTPField.Name(header.name), let value = admitted.identity.value(of: header.source) else { continue }
-            headers.append(HTTPField(name: name, value: RelayHeaderPolicy.headerSafe(value)))
+        for (name, value) in ForwardAuthAllow.headers(route: route, identity: admitted.identity, authorization: authorization, cacheSeconds: seconds) {
+            if let name = HTTPField.Name(name) { headers.append(HTTPField(name: name, value: value)) }
         }
-        if let replaced = try await relay.replacedAuthorization(admitted, route: route) {
-            headers[.authorization] = "Bearer " + replaced
-        } else if route.authorization == .passthrough, admitted.admission.scheme != .cookie,
-                  let own = appRequest.headers[values: .authorization].first {
-            headers[.authorization] = own
-        }
-        let seconds = cacheSeconds(admitted, route: route)
-        if seconds > 0 {
-            headers[.cacheControl] = "private, max-age=\(seconds)"
-            headers[Self.accelExpires] = String(seconds)
-        } else {
-            headers[.cacheControl] = "no-store"
-            headers[Self.accelExpires] = "0"
-        }
-        headers[.contentLength] = "0"
         return Response(status: .ok, headers: headers, body: ResponseBody())
-    }
-
-    /// How long an ingress may keep an allow: at most `max_age`, the identity cache's lifetime and
-    /// the identity's remaining life; never for a DPoP-bound token (a proof is spent once) or the
-    /// session cookie (its CSRF check reads `Origin`, which a cache key does not hold).
-    private func cacheSeconds(_ admitted: RelayFace.Admitted, route: RouteSettings) -> Int {
-        guard admitted.admission.scheme == .bearer else { return 0 }
-        var seconds = Int(settings.maxAge.components.seconds)
-        if let ttl = relay.configuration.upstreams[route.upstream]?.identity?.cacheTTL { seconds = min(seconds, Int(ttl.components.seconds)) }
-        if let expiresAt = admitted.identity.expiresAt {
-            seconds = min(seconds, max(0, Int(expiresAt.timeIntervalSince(relay.now()).rounded(.down))))
-        }
-        return max(0, seconds)
     }
 
     /// A refusal as the relay answers it, never cacheable; for nginx (which passes only 401 and

@@ -444,6 +444,33 @@ struct FastRelayStateMachineTests {
         do { let batchGoesOn = machine.readBatchEnded(); #expect(!batchGoesOn, "nothing went to Hummingbird") }
     }
 
+    /// An ingress's question answered on the event loop (forward auth): the answer and its end at
+    /// once, no backend asked, the question's `.end` dropped, and the next request routed as usual.
+    @Test func aDecisionIsAnsweredWithoutABackend() {
+        var machine = Machine(maximumQueuedParts: 256)
+        let head = Self.head("/forward-auth")
+        #expect(Self.describe(machine.requestPartRead(.head(head))) == "plan /forward-auth")
+        var plan = try! #require(Self.plan(Self.head("/fast/1")))
+        plan.answer = HTTPResponseHead(version: .http1_1, status: .ok, headers: ["X-BPId": "42"])
+        #expect(Self.describe(machine.planned(plan, for: head)) == "answer 200 #1 200")
+        #expect(Self.describe(machine.state) == "idle swallowing")
+        #expect(Self.describe(machine.requestPartRead(.end(nil))) == "none")
+        #expect(Self.describe(machine.state) == "idle")
+        #expect(Self.describe(machine.requestPartRead(.head(Self.head("/fast/2")))) == "plan /fast/2")
+        do { let batchGoesOn = machine.readBatchEnded(); #expect(!batchGoesOn, "nothing went to Hummingbird") }
+    }
+
+    /// Questions pipelined behind a running exchange wait in its queue, and are answered in order.
+    @Test func aDecisionQueuedBehindAnExchangeWaitsForIt() {
+        var machine = Self.machine(in: .awaitingHead)
+        #expect(Self.describe(machine.requestPartRead(.head(Self.head("/forward-auth")))) == "none")
+        #expect(Self.describe(machine.requestPartRead(.end(nil))) == "none")
+        _ = machine.responseHeadReceived(Self.ok)
+        let end = machine.responseEndReceived(reusable: true)
+        #expect(Self.describe(end) == "endAnswer #1 200 on b1 reusable processesQueue")
+        #expect(Self.describe(machine.processNextQueuedPart()) == "plan /forward-auth")
+    }
+
     @Test func anIdleConnectionIsTakenAtOnce() {
         var machine = Machine(maximumQueuedParts: 256)
         _ = Self.plan(&machine, Self.head("/fast/1"))
@@ -811,6 +838,8 @@ struct FastRelayStateMachineTests {
         case .endAnswer(let completion, let backend, let reusable, let resumeReading):
             return "endAnswer \(describe(completion)) on \(backend)" + (reusable ? " reusable" : "")
                 + (resumeReading ? " resumeReading" : "") + flags(completion)
+        case .answer(let head, let completion):
+            return "answer \(head.status.code) \(describe(completion))" + flags(completion)
         case .answerProblem(let problem, let completion, let closing, let headers):
             return "answerProblem \(problem.status) \(describe(completion))" + (closing.map { " closing \($0)" } ?? "") + flags(completion)
                 + headers.map { " \($0.0)" }.joined()
