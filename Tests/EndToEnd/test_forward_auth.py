@@ -338,6 +338,8 @@ def stack(workdir, seen):
 def call(stack, engine, method, target, headers=(), token=None, host=None, source=None):
     """One request on a raw socket to `engine` (relay, nginx, caddy, or a port), `Connection: close`."""
     port = stack["ports"][engine] if isinstance(engine, str) else engine
+    if host is None and stack is not None and port == stack["ports"]["relay"] and target.startswith("/forward-auth"):
+        host = "gatehouse.internal"  # an ingress asks on an internal name: the public host is refused
     headers = list(headers)
     if token is not None:
         headers.insert(0, ("Authorization", f"Bearer {token}"))
@@ -544,6 +546,48 @@ def test_a_client_cannot_name_another_original_request(stack, engine):
         assert backend.since(mark) == [], (engine, lie)
 
 
+OVERRIDES = [("X-HTTP-Method-Override", "DELETE"), ("x-http-method", "DELETE"), ("X-Method-Override", "DELETE"),
+             ("X-Rewrite-URL", "/admin/secret"), ("X-Original-Host", "admin.internal"), ("X-Remote-User", "admin"),
+             ("X-WEBAUTH-USER", "admin"), ("X-Forwarded-User", "admin"), ("X-Auth-Request-Email", "admin@example.com")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_backend_ever_reads_another_method_url_or_user(stack, engine):
+    """Headers a backend would read as another method (Symfony, Laravel, Express method override),
+    another URL or another user: the relay drops them; an ingress passes what a client sends, so
+    a question carrying one is refused (400) and the backend never sees it, through every engine."""
+    backend, identity = stack["backend"], stack["identity"]
+    token, _ = identity.issue()
+    for header in OVERRIDES:
+        mark = backend.mark()
+        response = call(stack, engine, "GET", "/api/x", [header], token=token)
+        seen = backend.since(mark)
+        if engine == "relay":
+            assert response.status == 200, (header, response)
+            assert received(seen[0], header[0]) == [], (header, seen[0]["headers"])
+        else:
+            assert response.status == 400, (engine, header, response)
+            assert header[0].lower() in problem(response)["detail"].lower(), (engine, header, response.body)
+            assert seen == [], (engine, header, seen)
+
+
+def test_a_question_through_the_public_host_is_refused(stack):
+    """A trusted proxy that also publishes Gatehouse (an ingress controller in trusted_proxies)
+    relays the internet's requests to /forward-auth with Gatehouse's public host: those are not
+    questions, and are refused without an answer that could hand a backend's Authorization out."""
+    token, _ = stack["identity"].issue()
+    public = f"127.0.0.1:{stack['ports']['relay']}"
+    for path, headers in [("/forward-auth", forward_auth_request(token=token)),
+                          ("/forward-auth/envoy/api/x", [("Authorization", f"Bearer {token}")])]:
+        for _ in range(2):  # the second with the identity cached: the fast path declines it too
+            response = call(stack, "relay", "GET", path, headers, host=public)
+            assert response.status == 403, (path, response)
+            assert "public host" in problem(response)["detail"]
+            assert response.header("X-BPId") is None and response.header("Authorization") is None
+    echoed = call(stack, "relay", "GET", "/forward-auth/refusal", [("X-Gatehouse-Refusal", "e30")], host=public)
+    assert echoed.status in (400, 403) and echoed.header("Content-Type") == "application/problem+json"
+
+
 # --------------------------------------------------------------------------- paths
 
 TRICKS = ["/api/../admin/x", "/api/%2e%2e/admin/x", "/api/%2E%2E/admin/x", "/api%2Fadmin", "/api%2fadmin/x", "/api//x",
@@ -635,7 +679,7 @@ def test_a_decision_on_the_fast_path_is_the_general_paths_answer(stack):
         # One keep-alive connection, as an ingress keeps to its auth service (`Connection: close`
         # goes the general way, for the relay as for decisions).
         with RawClient(stack["ports"]["relay"], timeout=15) as client:
-            responses = [client.exchange(raw_request("GET", path, headers(token), host="127.0.0.1")) for _ in range(3)]
+            responses = [client.exchange(raw_request("GET", path, headers(token), host="gatehouse.internal")) for _ in range(3)]
         for response in responses:
             assert response.status == 200, response
             request_id = response.header("X-Request-Id")
@@ -771,7 +815,7 @@ def test_the_recipes_pass_their_own_tools(tmp_path):
                  "error_page 401 = @gatehouse_refusal_401;", "error_page 403 500 = @gatehouse_refusal;",
                  "proxy_set_header X-Gatehouse-Refusal $gatehouse_refusal;",
                  "proxy_pass http://backend;", "proxy_set_header Authorization $gatehouse_authorization;",
-                 "# [cache] proxy_ignore_headers Cache-Control;", '# [cache] proxy_cache_key "$http_authorization$request_method$request_uri";']:
+                 "# [cache] proxy_ignore_headers Cache-Control;", '# [cache] proxy_cache_key "$http_authorization|$request_method|$request_uri";']:
         assert line in nginx_text, line
     for name in IDENTITY_HEADERS:
         variable = "$gatehouse_" + name.lower().replace("-", "_")
@@ -811,7 +855,13 @@ def test_the_recipes_pass_their_own_tools(tmp_path):
     names = [entry["name"] for entry in hcm["http_filters"]]
     assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_authz", "envoy.filters.http.router"], names
     removed = {entry["remove"] for entry in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]}
-    assert removed == {name.lower() for name in IDENTITY_HEADERS}
+    # The identity headers, and what a backend reads as another method, URL or user (Envoy's
+    # allowed_headers keeps those from Gatehouse, which would refuse them).
+    assert removed == {name.lower() for name in IDENTITY_HEADERS} | {name.lower() for name, _ in OVERRIDES} | {
+        "x-http-method", "x-host", "x-original-url", "x-original-uri", "remote-user", "x-authenticated-user",
+        "x-forwarded-email", "x-forwarded-preferred-username", "x-forwarded-groups", "x-forwarded-access-token",
+        "x-auth-request-user", "x-auth-request-preferred-username", "x-auth-request-groups", "x-auth-request-access-token"}, removed
+    assert hcm["use_remote_address"] is True  # the client's address is the peer's, never its own X-Forwarded-For
     authz = hcm["http_filters"][1]["typed_config"]
     assert authz["failure_mode_allow"] is False and authz["http_service"]["path_prefix"] == "/forward-auth/envoy"
     allowed = {pattern["exact"] for pattern in authz["http_service"]["authorization_request"]["allowed_headers"]["patterns"]}
@@ -822,11 +872,14 @@ def test_the_recipes_pass_their_own_tools(tmp_path):
 
     traefik = load_yaml("traefik.yaml")["http"]
     forward = traefik["middlewares"]["gatehouse"]["forwardAuth"]
-    assert forward["trustForwardHeader"] is True and forward["address"].endswith("/forward-auth")
+    # false: with true, Traefik would send a client's own X-Forwarded-Uri/-Method (forward.go).
+    assert forward["trustForwardHeader"] is False and forward["address"].endswith("/forward-auth")
     assert forward["authResponseHeaders"] == ["Authorization", *IDENTITY_HEADERS]
     assert not {"x-original-url", "x-original-uri", "x-original-method"} & {name.lower() for name in forward["authRequestHeaders"]}
     stripped = traefik["middlewares"]["gatehouse-strip"]["headers"]["customRequestHeaders"]
-    assert stripped == {name.replace("-", "_"): "" for name in IDENTITY_HEADERS}
+    assert {name.replace("-", "_"): "" for name in IDENTITY_HEADERS}.items() <= stripped.items()
+    assert {name.lower() for name, _ in OVERRIDES} <= {name.lower() for name in stripped}, stripped
+    assert set(stripped.values()) == {""}
     assert traefik["routers"]["api"]["middlewares"] == ["gatehouse-strip", "gatehouse", "gatehouse-after"]
 
 
@@ -932,6 +985,6 @@ def test_a_dpop_bound_sealed_token_through_the_ingress(workdir, seen, engine):
             decision = call(None, gatehouse["port"], "GET", "/forward-auth",
                             [("Authorization", f"DPoP {token}"), ("DPoP", key.proof("GET", public, access_token=token)),
                              ("X-Original-URI", "/api/dpop/x"), ("X-Original-Method", "GET"),
-                             ("X-Forwarded-Proto", "http"), ("X-Forwarded-Host", f"127.0.0.1:{port}")])
+                             ("X-Forwarded-Proto", "http"), ("X-Forwarded-Host", f"127.0.0.1:{port}")], host="gatehouse.internal")
             assert decision.status == 200, decision
             assert decision.header("Cache-Control") == "no-store" and decision.header("X-Accel-Expires") == "0"

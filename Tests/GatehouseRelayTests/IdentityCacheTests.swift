@@ -84,6 +84,30 @@ struct IdentityCacheTests {
         #expect(resolver.calls.load(ordering: .relaxed) == 2)
     }
 
+    /// An `exp` no clock reaches (an identity service's 1e300) is a life as long as the cache's
+    /// own, never a trap converting it; one in the past is not cached at all.
+    @Test func anAbsurdExpiryIsTheCachesOwnLifetime() async throws {
+        let clock = TestClock()
+        let cache = IdentityCache(maximumEntries: 100, now: { clock.milliseconds.load(ordering: .relaxed) })
+        let far = CallerIdentity(subject: "a", bpid: nil, scopes: nil, attributes: [:], expiresAt: Date(timeIntervalSinceReferenceDate: 1e300))
+        let resolver = CountingResolver(answer: .success(.active(far)))
+        _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
+        clock.advance(.seconds(299))
+        _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
+        #expect(resolver.calls.load(ordering: .relaxed) == 1)
+        clock.advance(.seconds(2))
+        _ = try await cache.resolve(token: "t", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: resolver)
+        #expect(resolver.calls.load(ordering: .relaxed) == 2)
+        let past = CallerIdentity(subject: "b", bpid: nil, scopes: nil, attributes: [:], expiresAt: Date(timeIntervalSinceReferenceDate: -1e300))
+        let expired = CountingResolver(answer: .success(.active(past)))
+        _ = try await cache.resolve(token: "p", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: expired)
+        _ = try await cache.resolve(token: "p", upstream: "u", ttl: .seconds(300), negativeTTL: .zero, resolver: expired)
+        #expect(expired.calls.load(ordering: .relaxed) == 2)
+        #expect(ForwardAuthAllow.cacheSeconds(scheme: .bearer, maxAge: .seconds(5), cacheTTL: nil, expiresAt: far.expiresAt, now: Date()) == 5)
+        #expect(ForwardAuthAllow.cacheSeconds(scheme: .bearer, maxAge: .seconds(5), cacheTTL: nil, expiresAt: past.expiresAt, now: Date()) == 0)
+        #expect(ForwardAuthAllow.cacheSeconds(scheme: .dpop, maxAge: .seconds(5), cacheTTL: nil, expiresAt: nil, now: Date()) == 0)
+    }
+
     @Test func leastRecentlyUsedIsEvictedAtCapacity() async throws {
         let cache = IdentityCache(maximumEntries: 2)
         let resolver = CountingResolver(answer: .success(.active(Self.alice)))

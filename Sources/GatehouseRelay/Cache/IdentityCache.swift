@@ -111,7 +111,9 @@ public final class IdentityCache: Sendable {
             case .success(.active(let identity)):
                 var expiry = now + ttl.inMilliseconds
                 if let expiresAt = identity.expiresAt {
-                    expiry = min(expiry, now + Int64(expiresAt.timeIntervalSinceNow * 1000))
+                    // Clamped before the conversion: an absurd `exp` (1e300) is a long life, never a trap.
+                    let remaining = min(max(expiresAt.timeIntervalSinceNow * 1000, -1), Double(ttl.inMilliseconds))
+                    expiry = min(expiry, now + Int64(remaining))
                 }
                 if expiry > now { set(key, .active(identity), expiry: expiry, in: &state) }
             case .success(.inactive):

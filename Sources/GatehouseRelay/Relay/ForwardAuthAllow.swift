@@ -33,7 +33,8 @@ public enum ForwardAuthAllow {
         guard scheme == .bearer else { return 0 }
         var seconds = Int(maxAge.components.seconds)
         if let cacheTTL { seconds = min(seconds, Int(cacheTTL.components.seconds)) }
-        if let expiresAt { seconds = min(seconds, Int(expiresAt.timeIntervalSince(now).rounded(.down))) }
+        // Clamped before the conversion: an absurd `exp` is a long life, never a trap.
+        if let expiresAt { seconds = min(seconds, Int(min(max(expiresAt.timeIntervalSince(now), 0), 86_400).rounded(.down))) }
         return max(0, seconds)
     }
 

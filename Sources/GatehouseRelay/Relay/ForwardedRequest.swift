@@ -71,6 +71,49 @@ public struct ForwardedRequest: Sendable, Equatable {
         return .success(ForwardedRequest(method: method, target: target, scheme: scheme, host: host))
     }
 
+    /// Headers the relay never lets through because a backend would read them as another
+    /// method, another URL or another user (`RelayHeaderPolicy.neverFromClient`), and that an
+    /// ingress passes on to the backend unless told not to: a question carrying one is refused,
+    /// so no recipe that forgets a line can let one through. (`X-Original-URL`, `X-Forwarded-Host`
+    /// and the rest of the forwarding family are the ingresses' own: they are read, not refused.)
+    public static let refusedFields: [[UInt8]] = [
+        "x-http-method-override", "x-http-method", "x-method-override",
+        "x-rewrite-url", "x-original-host", "x-host",
+        "x-remote-user", "remote-user", "x-authenticated-user", "x-webauth-user",
+        "x-forwarded-user", "x-forwarded-email", "x-forwarded-preferred-username", "x-forwarded-groups",
+        "x-forwarded-access-token", "x-auth-request-user", "x-auth-request-email",
+        "x-auth-request-preferred-username", "x-auth-request-groups", "x-auth-request-access-token",
+    ].map { Array($0.utf8) }
+
+    /// Why a question is not answered whatever it describes, or `nil`: it came through
+    /// Gatehouse's public host (an ingress asks on an internal address; a public request that a
+    /// trusted proxy relayed to `/forward-auth` is not a question), or it carries one of
+    /// `refusedFields` (names compared ignoring case, `_` read as `-`).
+    /// - Parameters:
+    ///   - authority: the question's own `Host`.
+    ///   - publicAuthority: `server.public_base_url`'s host and port (`RelayForwarding.host`).
+    ///   - names: the question's header names.
+    public static func screen(authority: String?, publicAuthority: String, publicScheme: String,
+                              names: some Sequence<String>) -> ForwardedRequestError? {
+        if let authority, isSameAuthority(authority, publicAuthority, scheme: publicScheme) {
+            return .public
+        }
+        for name in names where refusedFields.contains(where: { RelayHeaderPolicy.equalsIgnoringASCIICase(name, $0) }) {
+            return .smuggled(name)
+        }
+        return nil
+    }
+
+    /// `a` and `b` name the same host and port, the scheme's default port written or not.
+    private static func isSameAuthority(_ a: String, _ b: String, scheme: String) -> Bool {
+        let port = scheme == "https" ? ":443" : ":80"
+        func normal(_ text: String) -> String {
+            let lowered = text.lowercased()
+            return lowered.hasSuffix(port) ? String(lowered.dropLast(port.count)) : lowered
+        }
+        return normal(a) == normal(b)
+    }
+
     /// The one field of `names` present, with its one value: missing when none is, ambiguous when
     /// several are, or one is repeated (an ingress sets exactly one, once).
     private static func described(_ fields: Fields, _ names: [String]) -> Result<(name: String, value: String), ForwardedRequestError> {
@@ -100,7 +143,9 @@ public struct ForwardedRequest: Sendable, Equatable {
         let authority = rest[..<end]
         guard !authority.isEmpty, !authority.contains("@") else { return nil }
         var target = String(rest[end...])
-        if let fragment = target.firstIndex(of: "#") { target = String(target[..<fragment]) }
+        // A fragment never reaches a server: one here is a target the backend would read
+        // otherwise than what is judged (`/api/x#/../../admin`).
+        guard !target.contains("#") else { return nil }
         if target.isEmpty || target.hasPrefix("?") { target = "/" + target }
         return (scheme, String(authority), target)
     }
@@ -120,6 +165,10 @@ public enum ForwardedRequestError: Error, Sendable, Equatable {
     case missing
     /// Two conventions at once, or one header twice: one of them came from the client.
     case ambiguous(String)
+    /// Through Gatehouse's public host: a client's request relayed to the endpoint, not a question.
+    case `public`
+    /// A header a backend would read as another method, URL or user (`refusedFields`).
+    case smuggled(String)
     case malformed(String)
 
     public var detail: String {
@@ -128,6 +177,10 @@ public enum ForwardedRequestError: Error, Sendable, Equatable {
             "A forward-auth request names the original method and URI: X-Original-Method with X-Original-URI or X-Original-URL "
                 + "(nginx, ingress-nginx), or X-Forwarded-Method with X-Forwarded-Uri (Caddy, Traefik)."
         case .ambiguous(let detail): "The original request is described twice. " + detail
+        case .public: "Decisions are asked by the ingress on Gatehouse's internal address, never through its public host."
+        case .smuggled(let name):
+            "The request carries \(name), which the relay never lets through (a backend would read it as another method, URL or user); "
+                + "an ingress would pass it on."
         case .malformed(let detail): detail
         }
     }

@@ -248,6 +248,11 @@ final class FastRelayPlanner: Sendable {
               own.values(of: .contentLength).allSatisfy({ $0 == "0" }),
               !own.values(of: .connection).contains(where: { $0.lowercased().contains("close") || $0.lowercased().contains("upgrade") })
         else { return nil }
+        // Whatever the general path refuses goes to it (a question through the public host, a
+        // header the backend would read as another method, URL or user).
+        guard ForwardedRequest.screen(authority: request.headers.first(name: "host"), publicAuthority: relay.forwarding.host,
+                                      publicScheme: relay.forwarding.proto, names: request.headers.lazy.map(\.name)) == nil
+        else { return nil }
         let fields: ForwardedRequest.Fields = { name in request.headers[name] }
         guard case .success(let original) = ForwardedRequest.read(fields, ownMethod: request.method.rawValue, envoyTarget: envoyTarget)
         else { return nil }

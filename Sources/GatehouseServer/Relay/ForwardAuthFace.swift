@@ -54,14 +54,20 @@ struct ForwardAuthFace {
             if name == "host" { return authority.map { [$0] } ?? [] }
             return HTTPField.Name(name).map { headers[values: $0] } ?? []
         }
+        // nginx cannot hand a refusal's body on: when the question is nginx's, it carries itself.
+        let asksWhole = envoyTarget == nil && (!fields("x-original-uri").isEmpty || !fields("x-original-url").isEmpty)
+        if let problem = ForwardedRequest.screen(authority: authority, publicAuthority: relay.services.forwarding.host,
+                                                 publicScheme: relay.services.forwarding.proto, names: headers.lazy.map(\.name.rawName)) {
+            let status: GatehouseProblem = problem == .public ? .forbidden(problem.detail) : .badRequest(problem.detail)
+            return await refused(.problem(status, for: request), handBack: asksWhole)
+        }
         let original: ForwardedRequest
         switch ForwardedRequest.read(fields, ownMethod: request.method.rawValue, envoyTarget: envoyTarget) {
         case .success(let read): original = read
-        case .failure(let error): return .problem(.badRequest(error.detail), for: request)
+        case .failure(let error): return await refused(.problem(.badRequest(error.detail), for: request), handBack: asksWhole)
         }
-        let asksWhole = envoyTarget == nil && (!fields("x-original-uri").isEmpty || !fields("x-original-url").isEmpty)
         guard let method = HTTPRequest.Method(original.method) else {
-            return .problem(.badRequest("The original method is not an HTTP method."), for: request)
+            return await refused(.problem(.badRequest("The original method is not an HTTP method."), for: request), handBack: asksWhole)
         }
         // The app's request as the relay would have seen it: its method and target, its headers
         // (the ingress passes the client's), without the subrequest's own framing.
@@ -79,7 +85,7 @@ struct ForwardAuthFace {
         let clientAddress = {
             let forwardedFor = headers[values: .xForwardedFor]
             let realIP = headers[values: .xRealIP]
-            let address = forwardedFor.isEmpty && realIP.count == 1
+            let address = forwardedFor.isEmpty && realIP.count == 1 && AddressRange(realIP[0]) != nil
                 ? realIP[0]
                 : ClientAddress.resolve(peer: peer, forwardedFor: forwardedFor.isEmpty ? nil : forwardedFor.joined(separator: ","),
                                         forwarded: nil, trusted: trusted)
@@ -152,6 +158,11 @@ struct ForwardAuthFace {
             headers.append(HTTPField(name: name, value: RelayHeaderPolicy.headerSafe(pair[1])))
         }
         headers[.cacheControl] = "no-store"
+        // Only what Gatehouse's refusals are: a problem, or its page for a browser, never run.
+        let html = headers[.contentType] == "text/html; charset=utf-8"
+        headers[.contentType] = html ? "text/html; charset=utf-8" : "application/problem+json"
+        headers[.contentSecurityPolicy] = "default-src 'none'; style-src 'unsafe-inline'"
+        headers[HTTPField.Name("X-Content-Type-Options")!] = "nosniff"
         return Response(status: HTTPResponse.Status(code: carried.status), headers: headers,
                         body: ResponseBody(byteBuffer: ByteBuffer(string: carried.body)))
     }
