@@ -58,8 +58,6 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// The route's timeout for the running exchange.
     private var timer: LazyTimer?
     private var remoteAddress: String?
-    /// When the last request was planned: a decision answered here (`.answer`) took from then.
-    private var planned = NIODeadline.now()
     /// What this connection's previous requests left the planner (see `ConnectionMemo`).
     private var memo = ConnectionMemo()
     /// The metrics of the route last relayed on this connection (looked up once per connection and route).
@@ -159,7 +157,6 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
         case .passOn(let part):
             context.fireChannelRead(wrapInboundOut(part))
         case .plan(let head):
-            planned = NIODeadline.now()
             let plan = planner.plan(head, remoteAddress: remoteAddress, memo: &memo)
             perform(machine.planned(plan, for: head), context: context)
         case .admit(let proof, let target, let exchange):
@@ -285,9 +282,9 @@ final class FastRelayHandler: ChannelDuplexHandler, RemovableChannelHandler, Bac
     /// Counts a finished (or broken-off) exchange; returns its duration in nanoseconds.
     @discardableResult
     private func count(_ exchange: Machine.Exchange, status: UInt) -> Int64 {
-        if exchange.plan.answer != nil {
+        if let decidedAt = exchange.plan.decidedAt {
             // A forward-auth decision: counted as the general path counts one (route `/forward-auth`).
-            let elapsed = NIODeadline.now() - planned
+            let elapsed = NIODeadline.now() - decidedAt
             RequestMetrics.record(route: ForwardAuthSettings.path, method: exchange.plan.head.method.rawValue, status: Int(status),
                                   relayed: false, elapsed: .nanoseconds(elapsed.nanoseconds))
             return elapsed.nanoseconds

@@ -71,6 +71,8 @@ struct FastRelayPlan {
     /// An ingress's question answered here (`forward_auth:`): this answer is written, and no
     /// backend is contacted (`head` is then the question's).
     var answer: HTTPResponseHead? = nil
+    /// When a decision answered here was planned: its duration runs from then.
+    var decidedAt: NIODeadline? = nil
 
     /// Sent again on a fresh connection when a pooled one turns out closed (RFC 9110 §9.2.2):
     /// a POST or PATCH is never sent twice.
@@ -89,6 +91,14 @@ struct FastCaller {
     let token: String
     let sealed: Bool
     let proofRecord: FastProofRecord?
+
+    /// The token the backend gets in place of the app's `Authorization` on `route`: a sealed
+    /// session's upstream token on a `passthrough` route (the token-handler pattern), else none
+    /// (the fast path never takes an `assertion` route). `RelayFace.replacedAuthorization` is
+    /// the general path's.
+    func replacedAuthorization(on route: RouteSettings) -> String? {
+        sealed && route.authorization == .passthrough ? token : nil
+    }
 }
 
 /// The first use of a proof, to be written to the store by the `DPoPEnforcement` that checked
@@ -154,13 +164,13 @@ final class FastRelayPlanner: Sendable {
         case .length, .chunked: return nil
         }
         guard let caller = caller(admission, head: head, method: request.method, path: path, fast: fast, memo: &memo) else { return nil }
-        let identity = caller.identity, token = caller.token, sealed = caller.sealed, proofRecord = caller.proofRecord
+        let identity = caller.identity
 
         let requestID = RequestIDGenerator.shared.next()
         let clientRequestID = head.requestID.flatMap(RelayForwarding.acceptableClientRequestID)
         var headers = fast.policy.outboundHeaders(
             from: head, connectionTokens: admission.connectionTokens, identity: identity,
-            authorization: sealed && route.authorization == .passthrough ? token : nil,
+            authorization: caller.replacedAuthorization(on: route),
             host: fast.hostHeader, forwarding: relay.forwarding,
             peer: memo.peer(remoteAddress, forwarding: relay.forwarding), requestID: requestID, clientRequestID: clientRequestID)
         if bodyLength > 0 || Self.announcesEmptyBody(request.method) {
@@ -168,13 +178,13 @@ final class FastRelayPlanner: Sendable {
         }
         let outbound = HTTPRequestHead(version: .http1_1, method: request.method, uri: admission.target, headers: headers)
         return FastRelayPlan(target: fast, head: outbound, requestID: requestID, clientRequestID: clientRequestID,
-                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path, proofRecord: proofRecord)
+                             isHead: request.method == .HEAD, bodyLength: bodyLength, path: path, proofRecord: caller.proofRecord)
     }
 
     /// The caller of an admitted request, when the fast path can know it without waiting: a
-    /// bearer token (or a sealed session opened moments ago, or a DPoP-bound one with its
-    /// proof when `dpopHTU` allows) whose identity is cached, passes the route's rule and is
-    /// within `relay_per_subject`. `nil` sends the request the general way, which answers it.
+    /// bearer token (or a sealed session opened moments ago, or, when `allowsProof`, a DPoP-bound
+    /// one with its proof) whose identity is cached, passes the route's rule and is within
+    /// `relay_per_subject`. `nil` sends the request the general way, which answers it.
     private func caller(_ admission: RelayAdmission, head: NIORelayHead, method: HTTPMethod, path: String, fast: FastRoute,
                         allowsProof: Bool = true, memo: inout ConnectionMemo) -> FastCaller? {
         let route = fast.route
@@ -234,14 +244,13 @@ final class FastRelayPlanner: Sendable {
     /// the general way (`ForwardAuthFace`), which answers it.
     private func decision(_ request: HTTPRequestHead, path: String, settings: ForwardAuthSettings, remoteAddress: String?,
                           memo: inout ConnectionMemo) -> FastRelayPlan? {
+        let decidedAt = NIODeadline.now()
         guard settings.trusts(remoteAddress) else { return nil }
         let envoyTarget: String?
-        if path == ForwardAuthSettings.path {
-            envoyTarget = nil
-        } else if path.hasPrefix(ForwardAuthFace.envoyPrefix + "/") {
-            envoyTarget = String(request.uri.dropFirst(ForwardAuthFace.envoyPrefix.count))
-        } else {
-            return nil
+        switch ForwardAuthFace.question(path: path, rawTarget: request.uri) {
+        case .ingress: envoyTarget = nil
+        case .envoy(let target): envoyTarget = target
+        case .refusal, nil: return nil
         }
         let own = NIORelayHead(head: request)
         guard own.values(of: .transferEncoding).isEmpty, own.values(of: .expect).isEmpty,
@@ -270,7 +279,7 @@ final class FastRelayPlanner: Sendable {
         guard case .success(let admission) = RelayAdmission.admit(head, route: route, backendPath: fast.backend.basePath),
               let caller = caller(admission, head: head, method: method, path: appPath, fast: fast, allowsProof: false, memo: &memo)
         else { return nil }
-        let authorization = ForwardAuthAllow.authorization(route: route, replaced: caller.sealed && route.authorization == .passthrough ? caller.token : nil,
+        let authorization = ForwardAuthAllow.authorization(route: route, replaced: caller.replacedAuthorization(on: route),
                                                            scheme: admission.scheme, appHeader: head.values(of: .authorization).first)
         let seconds = ForwardAuthAllow.cacheSeconds(scheme: admission.scheme, maxAge: settings.maxAge,
                                                     cacheTTL: configuration.upstreams[route.upstream]?.identity?.cacheTTL,
@@ -283,7 +292,8 @@ final class FastRelayPlanner: Sendable {
         answer.add(name: "X-Request-Id", value: requestID)
         return FastRelayPlan(target: fast, head: request, requestID: requestID,
                              clientRequestID: own.requestID.flatMap(RelayForwarding.acceptableClientRequestID), isHead: request.method == .HEAD,
-                             bodyLength: 0, path: path, answer: HTTPResponseHead(version: .http1_1, status: .ok, headers: answer))
+                             bodyLength: 0, path: path, answer: HTTPResponseHead(version: .http1_1, status: .ok, headers: answer),
+                             decidedAt: decidedAt)
     }
 
     /// The question's own framing fields: never the app's (a decision reads no body).

@@ -29,6 +29,26 @@ struct ForwardAuthFace {
         path == ForwardAuthSettings.path || path.hasPrefix(ForwardAuthSettings.path + "/")
     }
 
+    /// What a request to the endpoint is, by its path (both paths that answer read it here).
+    enum Question: Equatable {
+        /// `/forward-auth`: the original request in the ingress's headers.
+        case ingress
+        /// `/forward-auth/envoy…`: Envoy's, the original target being what follows the prefix in
+        /// the raw request target.
+        case envoy(target: String)
+        /// `/forward-auth/refusal`: nginx handing a refusal back.
+        case refusal
+    }
+
+    /// The question `path` (the request's path, without query) asks, or `nil` for any other path
+    /// under the endpoint (a 404). `rawTarget`: the request target as sent.
+    static func question(path: String, rawTarget: String) -> Question? {
+        if path == ForwardAuthSettings.path { return .ingress }
+        if path == refusalPath { return .refusal }
+        if path == envoyPrefix || path.hasPrefix(envoyPrefix + "/") { return .envoy(target: String(rawTarget.dropFirst(envoyPrefix.count))) }
+        return nil
+    }
+
     func serve(_ request: Request, context: some GatehouseRequestContextProtocol) async -> Response {
         let logger = relay.logger
         guard settings.trusts(context.remoteAddress) else {
@@ -37,15 +57,12 @@ struct ForwardAuthFace {
             return .problem(.forbidden("Decisions are given only to the ingress: forward_auth.trusted_proxies does not list this address."),
                             for: request)
         }
-        let path = request.uri.path
-        if path == Self.refusalPath { return handingBack(request) }
         let envoyTarget: String?
-        if path == Self.envoyPrefix || path.hasPrefix(Self.envoyPrefix + "/") || path.hasPrefix(Self.envoyPrefix + "?") {
-            envoyTarget = String((request.head.path ?? "").dropFirst(Self.envoyPrefix.count))
-        } else if path == ForwardAuthSettings.path {
-            envoyTarget = nil
-        } else {
-            return .problem(.notFound(), for: request)
+        switch Self.question(path: request.uri.path, rawTarget: request.head.path ?? "") {
+        case .refusal: return handingBack(request)
+        case .envoy(let target): envoyTarget = target
+        case .ingress: envoyTarget = nil
+        case nil: return .problem(.notFound(), for: request)
         }
         let headers = request.headers
         let authority = request.head.authority
@@ -83,7 +100,7 @@ struct ForwardAuthFace {
         let trusted = settings.trustedProxies + relay.configuration.operations.rateLimits.trustedProxies
         let peer = context.remoteAddress
         let clientAddress = {
-            let forwardedFor = headers[values: .xForwardedFor]
+            let forwardedFor = headers[values: RateLimiters.forwardedFor]
             let realIP = headers[values: .xRealIP]
             let address = forwardedFor.isEmpty && realIP.count == 1 && AddressRange(realIP[0]) != nil
                 ? realIP[0]
@@ -183,6 +200,5 @@ struct CarriedRefusal: Codable {
 }
 
 extension HTTPField.Name {
-    static let xForwardedFor = HTTPField.Name("X-Forwarded-For")!
     static let xRealIP = HTTPField.Name("X-Real-IP")!
 }
