@@ -214,25 +214,22 @@ public enum GatehouseApplication {
         let store = opened.store
         let httpClient = makeHTTPClient(for: configuration)
         let signer = try await makeSigner(for: configuration, logger: logger)
-        let cache = IdentityCache(maximumEntries: configuration.identityCache.maximumEntries)
-        let relay = makeRelayServices(for: configuration, httpClient: httpClient, cache: cache, signer: signer, backendClient: nil)
         let profiles = upstreamClients(for: configuration, httpClient: httpClient, logger: logger)
         let nonRefreshing = Set(profiles.filter { !$0.value.canRefresh }.keys)
         let sessions = configuration.sessions.map {
             SessionServices(store: store, settings: $0, logger: logger, nonRefreshingUpstreams: nonRefreshing)
         }
+        // What outlives a configuration, made once: every Gatehouse a reload builds stands on it.
+        let runtime = GatehouseRuntime(configuration: configuration, store: store, upstreams: profiles, httpClient: httpClient,
+                                       sessions: sessions, signer: signer, logger: logger)
         let revocations: [any Service] = opened.postgres.map {
-            [RevocationListener(store: $0, sessions: sessions, identityCache: cache, logger: logger)]
+            [RevocationListener(store: $0, sessions: sessions, identityCache: runtime.identityCache, logger: logger)]
         } ?? []
-        let gatehouse = Gatehouse(configuration: configuration, store: store,
-                                  upstreams: profiles,
-                                  relay: relay, sessions: sessions, signer: signer, logger: logger)
-        let holder = GatehouseHolder(gatehouse)
+        let holder = GatehouseHolder(Gatehouse(configuration: configuration, runtime: runtime))
         let readiness = Readiness()
-        let planner = ReloadablePlanner(fastRelayPlanner(for: gatehouse))
         let pool = BackendConnectionPool(group: MultiThreadedEventLoopGroup.singleton,
                                          connectTimeout: .nanoseconds(configuration.server.upstreamConnectTimeout.inNanoseconds))
-        let reloader = Reloader(holder: holder, planner: planner, httpClient: httpClient, cache: cache, source: source, logger: logger)
+        let reloader = Reloader(holder: holder, source: source, logger: logger)
         let issuer = configuration.server.publicBaseURL
         let limiter = ConnectionLimiter(maximum: configuration.server.maximumConnections)
         let headerReadTimeout = TimeAmount.nanoseconds(configuration.server.headerReadTimeout.inNanoseconds)
@@ -244,7 +241,7 @@ public enum GatehouseApplication {
                 EdgeInstaller(limiter: limiter, logger: logger,
                               edge: { ConnectionEdgeHandler(headerReadTimeout: headerReadTimeout, bodyReadTimeout: bodyReadTimeout,
                                                             idleTimeout: idleTimeout, logger: logger) },
-                              fastPath: { FastRelayHandler(planner: planner, pool: pool, logger: logger, accessLog: accessLog) }),
+                              fastPath: { FastRelayHandler(planner: holder, pool: pool, logger: logger, accessLog: accessLog) }),
             ])),
             configuration: .init(address: .hostname(configuration.server.host, port: configuration.server.port),
                                  serverName: nil),
@@ -277,12 +274,12 @@ public enum GatehouseApplication {
         }
         // The server has stopped: the lines of its last requests are written before the process ends.
         await accessLog.flush()
-        await close(relay: reloader.backendClients(first: relay?.backendClient), httpClient: httpClient, store: opened)
+        await close(relay: runtime.backendClient, httpClient: httpClient, store: opened)
         try stopped.get()
     }
 
-    private static func close(relay backendClients: [HTTPClient], httpClient: HTTPClient, store: OpenedStore) async {
-        for client in backendClients { try? await client.shutdown() }
+    private static func close(relay backendClient: HTTPClient?, httpClient: HTTPClient, store: OpenedStore) async {
+        try? await backendClient?.shutdown()
         try? await httpClient.shutdown()
         await store.close()
     }
@@ -324,19 +321,10 @@ public enum GatehouseApplication {
     public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient,
                                          signer: AssertionSigner? = nil, logger: Logger) async throws -> RelayServices?
     {
-        makeRelayServices(for: configuration, httpClient: httpClient,
-                          cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries), signer: signer, backendClient: nil)
-    }
-
-    /// The relay's services around a given cache (kept across reloads) and backend client (a new one when `nil`).
-    static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient, cache: IdentityCache,
-                                  signer: AssertionSigner?, backendClient: HTTPClient?,
-                                  resolvers: [String: any IdentityResolver]? = nil) -> RelayServices? {
         guard !configuration.routes.isEmpty else { return nil }
-        return RelayServices(
-            configuration: configuration, cache: cache,
-            resolvers: resolvers ?? configuration.identityResolvers(client: httpClient),
-            backendClient: backendClient ?? RelayServices.makeBackendClient(for: configuration), signer: signer)
+        return RelayServices(configuration: configuration, cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries),
+                             resolvers: configuration.identityResolvers(client: httpClient),
+                             backendClient: RelayServices.makeBackendClient(for: configuration), signer: signer)
     }
 }
 

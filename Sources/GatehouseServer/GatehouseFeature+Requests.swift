@@ -50,7 +50,9 @@ extension GatehouseFeature {
         parameters.append(("iss", issuer))
         return RedirectURI.appending(parameters, to: redirectURI)
     }
+}
 
+extension RecordingFeature {
     /// Records a Gatehouse code for `issued` and sends the browser back to the app with it.
     func redirectWithCode(_ issued: IssuedCode, appState: String) async -> Response {
         let gatehouseCode = SecureToken.generate()

@@ -1,14 +1,27 @@
+import Foundation
 import GatehouseCore
 import GatehouseSessions
 import GatehouseUpstreams
 import GatehouseRelay
+import Logging
 
 /// The standard OAuth 2.0 authorization server apps see (RFC 6749, RFC 7636, RFC 8252): authorize,
 /// the upstream's way back, token, revocation (RFC 7009), discovery (RFC 8414, OpenID), the key
 /// set, and RP-Initiated Logout. It asks the upstream's profile for everything kind-specific, and
 /// hands a sign-in to sealed sessions or to a minting kind when the app's configuration says so.
-struct AuthorizationServer: GatehouseFeature {
-    let context: GatehouseContext
+struct AuthorizationServer: RecordingFeature {
+    let configuration: GatehouseConfiguration
+    let store: any GatehouseStore
+    let upstreams: [String: any UpstreamProfile]
+    let now: @Sendable () -> Date
+    let logger: Logger
+    let audit: AuditLog
+    let limits: RateLimiters
+    let dpop: DPoPEnforcement
+    /// Refreshes of passthrough apps' upstream tokens, coordinated across instances.
+    let passthrough: PassthroughRefresher
+    /// Gatehouse's key: ID tokens toward sealed apps, `/.well-known/jwks.json`.
+    let signer: AssertionSigner?
     /// Sealed sessions, when configured: a sealed app's tokens, and a minting kind's.
     let sessions: SealedSessions?
     /// App instances, when an app has them: their grants are checked against their registration.

@@ -5,7 +5,7 @@ import GatehouseCore
 /// `request_uri` (RFC 9126 §4): the in-app sign-in's `redirect_to_web` hands one to the app, so
 /// that the browser continues the very request the app began (its PKCE challenge, its state).
 /// The request is kept sealed under its `request_uri`, keyed by the hash, for one use.
-extension GatehouseFeature {
+extension RecordingFeature {
     static var requestURIPrefix: String { "urn:ietf:params:oauth:request_uri:" }
 
     /// Records `parameters` (an authorization request, already checked) and returns its `request_uri`.

@@ -24,16 +24,29 @@ struct DPoPEnforcement: Sendable {
     /// Writes the proof ids to the store, many in one statement under load.
     let proofIDs: SingleUseGroupCommit
 
-    init(configuration: GatehouseConfiguration, store: any SingleUseStore, now: @escaping @Sendable () -> Date,
-         previous: DPoPEnforcement?) {
+    /// What outlives a configuration (`GatehouseRuntime`): the replay cache, the proof-id writer
+    /// and the nonces, all made once at start from settings a reload never changes.
+    struct State: Sendable {
+        let replays: DPoPReplayCache
+        let proofIDs: SingleUseGroupCommit
+        let nonces: DPoPNonces
+
+        init(configuration: GatehouseConfiguration, store: any SingleUseStore, now: @escaping @Sendable () -> Date) {
+            replays = DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
+            proofIDs = SingleUseGroupCommit(store: store, kind: "dpop_jti", now: now)
+            let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
+                .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
+            nonces = DPoPNonces(key: nonceKey, lifetime: configuration.dpop.proofLifetime.inSeconds * 2)
+        }
+    }
+
+    init(configuration: GatehouseConfiguration, state: State, now: @escaping @Sendable () -> Date) {
         settings = configuration.dpop
         issuer = configuration.server.publicBaseURL
         self.now = now
-        replays = previous?.replays ?? DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
-        proofIDs = previous?.proofIDs ?? SingleUseGroupCommit(store: store, kind: "dpop_jti", now: now)
-        let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
-            .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
-        nonces = previous?.nonces ?? DPoPNonces(key: nonceKey, lifetime: settings.proofLifetime.inSeconds * 2)
+        replays = state.replays
+        proofIDs = state.proofIDs
+        nonces = state.nonces
     }
 
     /// The verified DPoP proof of a request to one of Gatehouse's own OAuth endpoints (`endpoint`:

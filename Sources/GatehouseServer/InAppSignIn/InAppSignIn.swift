@@ -11,8 +11,15 @@ import Logging
 /// upstream's second factor, its e-mailed link; Gatehouse's own unblock code on top; the browser
 /// (`redirect_to_web`) for everything else. The dialogue ends in an ordinary Gatehouse code,
 /// redeemed at `/oauth/token` without `redirect_uri`. Built when an app has `in_app_sign_in: on`.
-struct InAppSignIn: GatehouseFeature {
-    let context: GatehouseContext
+struct InAppSignIn: RecordingFeature {
+    let configuration: GatehouseConfiguration
+    let store: any GatehouseStore
+    let upstreams: [String: any UpstreamProfile]
+    let now: @Sendable () -> Date
+    let logger: Logger
+    let audit: AuditLog
+    let limits: RateLimiters
+    let dpop: DPoPEnforcement
     /// The mail relay of unblock codes (the configuration requires one).
     let mailer: (any Mailer)?
     /// App instances, when an app has them: an instance signs in only while live, and an

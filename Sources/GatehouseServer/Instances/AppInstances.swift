@@ -9,8 +9,14 @@ import NIOCore
 /// App instances (seed 000): each installation of an app registers (RFC 7591), attests with its
 /// platform (App Attest, Play Integrity) or certifies by an e-mailed code, and signs in as its
 /// own client; `attestation: required` gives tokens to certified instances only.
-struct AppInstances: GatehouseFeature {
-    let context: GatehouseContext
+struct AppInstances: RecordingFeature {
+    let configuration: GatehouseConfiguration
+    let store: any GatehouseStore
+    let now: @Sendable () -> Date
+    let logger: Logger
+    let audit: AuditLog
+    let limits: RateLimiters
+    let dpop: DPoPEnforcement
     /// The SMTP relay of manual certification codes (`mail:`).
     let mailer: (any Mailer)?
 }

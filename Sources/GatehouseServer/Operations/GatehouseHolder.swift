@@ -2,38 +2,42 @@ public import GatehouseCore
 import NIOHTTP1
 import Synchronization
 
-/// The running `Gatehouse`, which a reload (SIGHUP) replaces: every request reads it once, at
-/// its start, and keeps that value to its end, so a reload never changes a request midway.
+/// The running `Gatehouse` and the fast path's planner made from it, which a reload (SIGHUP)
+/// replaces together, in one step: from the request after the swap on, both paths serve the new
+/// configuration. Every request reads them once, at its start, and keeps them to its end, so a
+/// reload never changes a request midway.
 public final class GatehouseHolder: Sendable {
-    private let value: Mutex<Gatehouse>
+    private let value: Mutex<InForce>
 
-    public init(_ gatehouse: Gatehouse) {
-        value = Mutex(gatehouse)
+    /// A `Gatehouse` and its planner: `nil` (every request to the general path) when no route is
+    /// configured or while tracing is on.
+    private struct InForce {
+        let gatehouse: Gatehouse
+        let planner: FastRelayPlanner?
+
+        init(_ gatehouse: Gatehouse) {
+            self.gatehouse = gatehouse
+            planner = GatehouseApplication.fastRelayPlanner(for: gatehouse)
+        }
     }
 
-    public var current: Gatehouse { value.withLock { $0 } }
+    public init(_ gatehouse: Gatehouse) {
+        value = Mutex(InForce(gatehouse))
+    }
 
+    public var current: Gatehouse { value.withLock { $0.gatehouse } }
+
+    /// Puts `gatehouse` and its planner in force together.
     func replace(with gatehouse: Gatehouse) {
-        value.withLock { $0 = gatehouse }
+        let inForce = InForce(gatehouse)
+        value.withLock { $0 = inForce }
     }
 }
 
-/// The fast path's planner for the configuration in force: replaced with the `Gatehouse` on
-/// reload; `nil` (every request to the general path) when no route is configured or while
-/// tracing is on.
-final class ReloadablePlanner: FastRelayPlanning, Sendable {
-    private let planner: Mutex<FastRelayPlanner?>
-
-    init(_ planner: FastRelayPlanner?) {
-        self.planner = Mutex(planner)
-    }
-
-    func replace(with planner: FastRelayPlanner?) {
-        self.planner.withLock { $0 = planner }
-    }
-
+/// The fast path asks the holder's planner, the one in force with the holder's `Gatehouse`.
+extension GatehouseHolder: FastRelayPlanning {
     func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan? {
-        planner.withLock { $0 }?.plan(request, remoteAddress: remoteAddress, memo: &memo)
+        value.withLock { $0.planner }?.plan(request, remoteAddress: remoteAddress, memo: &memo)
     }
 }
 

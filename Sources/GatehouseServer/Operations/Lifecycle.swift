@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import GatehouseCore
 import GatehouseRelay
 public import Logging
@@ -77,30 +76,14 @@ final class Reloader: Sendable {
     static let reloadable: Set<String> = ["clients", "routes", "rate_limits"]
 
     private let holder: GatehouseHolder
-    private let planner: ReloadablePlanner
-    private let httpClient: HTTPClient
-    private let cache: IdentityCache
     private let logger: Logger
-    private let state: Mutex<State>
+    /// The source of the configuration in force (its document and the digests of the files it read).
+    private let source: Mutex<ConfigurationSource?>
 
-    struct State {
-        var source: ConfigurationSource?
-        /// Backend clients made by reloads that added the first routes (shut down at exit).
-        var backendClients: [HTTPClient] = []
-    }
-
-    init(holder: GatehouseHolder, planner: ReloadablePlanner, httpClient: HTTPClient, cache: IdentityCache,
-         source: ConfigurationSource?, logger: Logger) {
+    init(holder: GatehouseHolder, source: ConfigurationSource?, logger: Logger) {
         self.holder = holder
-        self.planner = planner
-        self.httpClient = httpClient
-        self.cache = cache
         self.logger = logger
-        self.state = Mutex(State(source: source))
-    }
-
-    func backendClients(first: HTTPClient?) -> [HTTPClient] {
-        (first.map { [$0] } ?? []) + state.withLock { $0.backendClients }
+        self.source = Mutex(source)
     }
 
     func reload(from path: String) async {
@@ -114,7 +97,7 @@ final class Reloader: Sendable {
             ])
             return
         }
-        let previous = state.withLock { $0.source }
+        let previous = self.source.withLock { $0 }
         let changed = Self.sectionsNeedingRestart(from: previous?.document, to: source.document)
         guard changed.isEmpty else {
             logger.error("configuration reload refused: \(changed.joined(separator: ", ")) changed; restart to apply. The configuration in force is kept")
@@ -126,31 +109,16 @@ final class Reloader: Sendable {
             logger.error("configuration reload refused: a file the configuration reads changed (\(changedFiles.joined(separator: ", "))); restart to apply. The configuration in force is kept")
             return
         }
-        let old = holder.current
+        // Everything that outlives a configuration is the runtime's: the new Gatehouse is built on
+        // the one in force, and put in force with its fast-path planner in one step.
+        let runtime = holder.current.runtime
         let needsSigner = configuration.routes.contains { $0.authorization == .assertion }
-        if needsSigner, old.signer == nil {
+        if needsSigner, runtime.signer == nil {
             logger.error("configuration reload refused: a route with authorization: assertion needs the signing key, which is made at start; restart to apply")
             return
         }
-        // The backend client of the routes in force, else one an earlier reload made (never one per reload).
-        var backendClient = old.relay?.backendClient ?? state.withLock { $0.backendClients.last }
-        if backendClient == nil, !configuration.routes.isEmpty {
-            let client = RelayServices.makeBackendClient(for: configuration)
-            state.withLock { $0.backendClients.append(client) }
-            backendClient = client
-        }
-        // Upstreams never change in a reload: their identity resolvers (JWKS caches, concurrency caps)
-        // are kept, unless `identity_concurrency` changed.
-        let keepResolvers = old.configuration.operations.rateLimits.identityConcurrency == configuration.operations.rateLimits.identityConcurrency
-        let relay = GatehouseApplication.makeRelayServices(for: configuration, httpClient: httpClient, cache: cache,
-                                                           signer: old.signer, backendClient: backendClient,
-                                                           resolvers: keepResolvers ? old.relay?.resolvers : nil)
-        let gatehouse = Gatehouse(configuration: configuration, store: old.store, upstreams: old.upstreams, relay: relay,
-                                  sessions: old.sessions, signer: old.signer, now: old.now, logger: old.logger,
-                                  audit: old.audit, previous: old)
-        holder.replace(with: gatehouse)
-        planner.replace(with: GatehouseApplication.fastRelayPlanner(for: gatehouse))
-        state.withLock { $0.source = source }
+        holder.replace(with: Gatehouse(configuration: configuration, runtime: runtime))
+        self.source.withLock { $0 = source }
         logger.notice("configuration reloaded", metadata: [
             "clients": .stringConvertible(configuration.clients.count), "routes": .stringConvertible(configuration.routes.count),
         ])

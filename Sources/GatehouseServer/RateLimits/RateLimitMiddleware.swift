@@ -71,7 +71,7 @@ struct RateLimitMiddleware<Context: GatehouseRequestContextProtocol>: RouterMidd
             let form = try? FormParameters(parsing: Array((request.uri.query ?? "").utf8), recognizing: ["client_id"])
             return .found(form?["client_id"])
         }
-        guard answersOAuthJSON(path), Gatehouse.refusingNonFormBody(request) == nil else { return .found(nil) }
+        guard answersOAuthJSON(path), AuthorizationServer.refusingNonFormBody(request) == nil else { return .found(nil) }
         let body: ByteBuffer
         do {
             body = try await request.collectBody(upTo: limit)

@@ -1,5 +1,6 @@
 public import GatehouseCore
 public import HTTPTypes
+import Synchronization
 
 /// The token buckets of `rate_limits`, one set per process (in-process limits: each instance
 /// counts on its own), and the one door every limit goes through: `take` takes from a bucket and,
@@ -20,23 +21,41 @@ public final class RateLimiters: Sendable {
     public let inAppPerAddress: TokenBucketLimiter?
     public let inAppPerAccount: TokenBucketLimiter?
 
-    public init(_ settings: RateLimitSettings, audit: AuditLog = AuditLog(), previous: RateLimiters? = nil) {
+    /// The limiters of `settings`, each taken from `buckets` (what outlives a configuration): a
+    /// reload keeps a limiter whose settings did not change, so a new file does not hand every
+    /// client a fresh burst.
+    public init(_ settings: RateLimitSettings, audit: AuditLog = AuditLog(), buckets: Buckets = Buckets()) {
         self.settings = settings
         self.audit = audit
-        func limiter(_ key: KeyPath<RateLimitSettings, BucketSettings?>, _ old: KeyPath<RateLimiters, TokenBucketLimiter?>) -> TokenBucketLimiter? {
-            guard let bucket = settings[keyPath: key] else { return nil }
-            if let previous, previous.settings[keyPath: key] == bucket, let kept = previous[keyPath: old] { return kept }
-            return TokenBucketLimiter(bucket)
+        func limiter(_ limit: GatehouseMetrics.Limit, _ key: KeyPath<RateLimitSettings, BucketSettings?>) -> TokenBucketLimiter? {
+            settings[keyPath: key].map { buckets.limiter(limit, settings: $0) }
         }
-        oauthPerClient = limiter(\.oauthPerClient, \.oauthPerClient)
-        oauthPerAddress = limiter(\.oauthPerAddress, \.oauthPerAddress)
-        relayPerSubject = limiter(\.relayPerSubject, \.relayPerSubject)
-        identityLookupsPerAddress = limiter(\.identityLookupsPerAddress, \.identityLookupsPerAddress)
-        registrationPerAddress = limiter(\.registrationPerAddress, \.registrationPerAddress)
-        registrationPerApp = limiter(\.registrationPerApp, \.registrationPerApp)
-        unknownRefreshPerAddress = limiter(\.unknownRefreshPerAddress, \.unknownRefreshPerAddress)
-        inAppPerAddress = limiter(\.inAppPerAddress, \.inAppPerAddress)
-        inAppPerAccount = limiter(\.inAppPerAccount, \.inAppPerAccount)
+        oauthPerClient = limiter(.oauth_client, \.oauthPerClient)
+        oauthPerAddress = limiter(.oauth_address, \.oauthPerAddress)
+        relayPerSubject = limiter(.relay_subject, \.relayPerSubject)
+        identityLookupsPerAddress = limiter(.identity_address, \.identityLookupsPerAddress)
+        registrationPerAddress = limiter(.registration_address, \.registrationPerAddress)
+        registrationPerApp = limiter(.registration_app, \.registrationPerApp)
+        unknownRefreshPerAddress = limiter(.unknown_refresh_address, \.unknownRefreshPerAddress)
+        inAppPerAddress = limiter(.in_app_address, \.inAppPerAddress)
+        inAppPerAccount = limiter(.in_app_account, \.inAppPerAccount)
+    }
+
+    /// The token buckets of every limit, by limit, outliving configurations: a limit whose
+    /// settings are those of its kept limiter gets it back, with its buckets as they are.
+    public final class Buckets: Sendable {
+        private let limiters = Mutex<[GatehouseMetrics.Limit: TokenBucketLimiter]>([:])
+
+        public init() {}
+
+        func limiter(_ limit: GatehouseMetrics.Limit, settings: BucketSettings) -> TokenBucketLimiter {
+            limiters.withLock { limiters in
+                if let kept = limiters[limit], kept.settings == settings { return kept }
+                let made = TokenBucketLimiter(settings)
+                limiters[limit] = made
+                return made
+            }
+        }
     }
 
     /// The bucket of a limit, when configured (`registration_pending`, the upstream and identity

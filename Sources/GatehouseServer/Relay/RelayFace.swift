@@ -16,7 +16,12 @@ import Tracing
 /// The resource relay's general path (the fast path in FastRelay/ carries out the same decisions
 /// for what it takes): admission, the caller's identity, the route's rule, the backend call.
 struct RelayFace: GatehouseFeature {
-    let context: GatehouseContext
+    let configuration: GatehouseConfiguration
+    let upstreams: [String: any UpstreamProfile]
+    let now: @Sendable () -> Date
+    let logger: Logger
+    let limits: RateLimiters
+    let dpop: DPoPEnforcement
     let services: RelayServices
     /// Sealed sessions, when configured: a Gatehouse token stands for its session's upstream token.
     let sealedSessions: SealedSessions?

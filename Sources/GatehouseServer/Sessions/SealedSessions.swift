@@ -10,7 +10,16 @@ import Logging
 /// refresh-token family, their end; `/userinfo`, session codes and web sessions; and the
 /// sessions a minting kind keeps (`GatehouseMintedSessions`).
 struct SealedSessions: GatehouseFeature {
-    let context: GatehouseContext
+    let configuration: GatehouseConfiguration
+    let store: any GatehouseStore
+    let upstreams: [String: any UpstreamProfile]
+    let now: @Sendable () -> Date
+    let logger: Logger
+    let audit: AuditLog
+    let limits: RateLimiters
+    let dpop: DPoPEnforcement
+    /// Gatehouse's key: the ID tokens of sealed apps of upstreams that prove who signed in.
+    let signer: AssertionSigner?
     let services: SessionServices
     /// The relay's resolvers and cache, when routes are configured: a session's subject is looked
     /// up once, and an ended session's cached identity is dropped.

@@ -738,10 +738,11 @@ struct FastRelayStateMachineTests {
         func consumeOnce(kind: String, keyHash: String, now: Date) async throws -> Data? { nil }
     }
 
+    static let dpopConfiguration = GatehouseConfiguration(server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
+                                                          store: StoreSettings(sqlitePath: ":memory:"), upstreams: [:], clients: [:])
     static let dpop = DPoPEnforcement(
-        configuration: GatehouseConfiguration(server: ServerSettings(publicBaseURL: "https://gatehouse.example.com"),
-                                              store: StoreSettings(sqlitePath: ":memory:"), upstreams: [:], clients: [:]),
-        store: UnusedStore(), now: Date.init, previous: nil)
+        configuration: dpopConfiguration,
+        state: DPoPEnforcement.State(configuration: dpopConfiguration, store: UnusedStore(), now: Date.init), now: Date.init)
 
     /// A plan whose proof is new to this instance: the exchange waits for the store.
     static func boundPlan(_ uri: String) -> FastRelayPlan {
