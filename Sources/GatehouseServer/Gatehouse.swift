@@ -60,11 +60,11 @@ public struct Gatehouse: Sendable {
             dpop: dpop, passthrough: runtime.passthrough, signer: runtime.signer, sessions: sealed, instances: instances,
             identityCache: relay?.cache)
         let relayFace = relay.map {
-            RelayFace(configuration: configuration, upstreams: upstreams, now: now, logger: logger, limits: limits, dpop: dpop,
+            RelayFace(configuration: configuration, upstreams: upstreams, logger: logger, limits: limits, dpop: dpop,
                       services: $0, sealedSessions: sealed)
         }
         self.relayFace = relayFace
-        forwardAuthFace = relayFace.flatMap { face in configuration.forwardAuth.map { ForwardAuthFace(relay: face, settings: $0) } }
+        forwardAuthFace = relayFace.flatMap { face in configuration.forwardAuth.map { ForwardAuthFace(relay: face, settings: $0, now: now) } }
     }
 
     /// A Gatehouse on a runtime of its own (tests and one-off commands): `relay`, a relay's

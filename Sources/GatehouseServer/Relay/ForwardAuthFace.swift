@@ -13,6 +13,8 @@ import NIOCore
 struct ForwardAuthFace {
     let relay: RelayFace
     let settings: ForwardAuthSettings
+    /// The clock an allow's lifetime is measured by.
+    let now: @Sendable () -> Date
 
     /// Envoy's HTTP `ext_authz` service: `path_prefix` is this, the original path follows it.
     static let envoyPrefix = ForwardAuthSettings.path + "/envoy"
@@ -133,7 +135,7 @@ struct ForwardAuthFace {
                                                            scheme: scheme, appHeader: appRequest.headers[values: .authorization].first)
         let seconds = ForwardAuthAllow.cacheSeconds(scheme: scheme, maxAge: settings.maxAge,
                                                     cacheTTL: relay.configuration.upstreams[route.upstream]?.identity?.cacheTTL,
-                                                    expiresAt: admitted.identity.expiresAt, now: relay.now())
+                                                    expiresAt: admitted.identity.expiresAt, now: now())
         var headers = HTTPFields()
         for (name, value) in ForwardAuthAllow.headers(route: route, identity: admitted.identity, authorization: authorization, cacheSeconds: seconds) {
             if let name = HTTPField.Name(name) { headers.append(HTTPField(name: name, value: value)) }

@@ -18,7 +18,6 @@ import Tracing
 struct RelayFace: GatehouseFeature {
     let configuration: GatehouseConfiguration
     let upstreams: [String: any UpstreamProfile]
-    let now: @Sendable () -> Date
     let logger: Logger
     let limits: RateLimiters
     let dpop: DPoPEnforcement
