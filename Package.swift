@@ -12,8 +12,7 @@ let package = Package(
     platforms: [.macOS(.v15), .iOS(.v15)],
     products: [
         .executable(name: "gatehouse", targets: ["gatehouse"]),
-        // The in-app sign-in client for apps (iOS, Android with Swift, Linux): no server module.
-        .library(name: "GatehouseSignIn", targets: ["GatehouseSignIn"]),
+        // The apps' in-app sign-in client, GatehouseSignIn, is its own package: Clients/GatehouseSignIn.
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", exact: "2.28.1"),
@@ -165,27 +164,6 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        .target(
-            // The client of the authorization challenge endpoint: the seed's in-app sign-in state
-            // machine for first-party apps. Foundation and swift-crypto only (CryptoKit on Apple).
-            name: "GatehouseSignIn",
-            dependencies: [
-                .product(name: "Crypto", package: "swift-crypto"),
-            ],
-            swiftSettings: upcoming
-        ),
-        .executableTarget(
-            // A line-oriented driver of GatehouseSignIn: what an app's screens would call, as JSON
-            // lines on stdin and stdout. The end-to-end tests run the client through it.
-            name: "gatehouse-signin",
-            dependencies: ["GatehouseSignIn"],
-            swiftSettings: upcoming
-        ),
-        .testTarget(
-            name: "GatehouseSignInTests",
-            dependencies: ["GatehouseSignIn", .product(name: "Crypto", package: "swift-crypto")],
-            swiftSettings: upcoming
-        ),
         .testTarget(
             name: "GatehouseCoreTests",
             dependencies: [
@@ -199,6 +177,8 @@ let package = Package(
             dependencies: [
                 "GatehouseAttestation",
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
             ],
             swiftSettings: upcoming
         ),
@@ -253,7 +233,12 @@ let package = Package(
         ),
         .testTarget(
             name: "GatehouseSessionsTests",
-            dependencies: ["GatehouseSessions"],
+            dependencies: [
+                "GatehouseSessions", "GatehouseCore", "GatehouseUpstreams", "GatehouseRelay",
+                // The real store under the passthrough refresher's coordination (SQLite, in memory).
+                "GatehouseStore",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: upcoming
         ),
         .testTarget(

@@ -42,7 +42,8 @@ struct CBORTests {
 
 /// What can be checked of App Attest and Play Integrity without a device: the shipped root, the
 /// layout of authenticator data, and the refusals of malformed statements. Whole attestation
-/// objects, assertions and integrity tokens are built the way devices build them in the
+/// objects, assertions and integrity tokens, check by check, are in `AppAttestTests` and
+/// `PlayIntegrityTests` (built with a test authority and test console keys, Support/), and in the
 /// end-to-end suite (Tests/Support/attestation.py, with cbor2 and cryptography).
 struct AttestationTests {
     @Test func theShippedRootIsApplesAppAttestationRootCA() throws {

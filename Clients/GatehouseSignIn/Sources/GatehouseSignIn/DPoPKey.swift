@@ -1,4 +1,6 @@
-public import Crypto
+// @preconcurrency: swift-crypto 3 does not declare its keys Sendable (4 does, for the same
+// immutable key), and the client takes either (docs/client-package.md).
+@preconcurrency public import Crypto
 public import Foundation
 
 /// A DPoP key (RFC 9449) on P-256: proves possession in a `DPoP` header on every request of the
