@@ -2,7 +2,7 @@
 """Sealed-session helpers for Benchmarks/run.
 
     sealed.py sign-in GATEHOUSE_URL OUT
-        Signs in as the tests do (Tests/Support/nativeapp.py: the app com.example.app, PKCE, the
+        Signs in as the tests do (sandbox/nativeapp.py: the app com.example.app, PKCE, the
         in-app browser filling in the upstream's login form as alice/wonderland-42), redeems the
         code and writes Gatehouse's access token (gha_…) to OUT. Needs `requests`: run it with
         the repo's venv (scripts/python-env).
@@ -42,11 +42,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the sandbox package: the in-app sign-in, DPoP keys
 
 
 def sign_in(args):
-    sys.path.insert(0, str(ROOT / "Tests/Support"))
-    from nativeapp import App  # noqa: E402 (needs requests, from the venv)
+    from sandbox.nativeapp import App  # needs requests, from the venv
 
     app = App({"url": args.url.rstrip("/")})
     received = app.sign_in()
@@ -56,7 +56,7 @@ def sign_in(args):
     headers = None
     if args.dpop_key:
         # A DPoP key (RFC 9449): the tokens are bound to it; the key is kept for `proofs`.
-        from dpop import Key  # noqa: E402
+        from sandbox.dpop import Key
         from cryptography.hazmat.primitives import serialization
         key = Key("ES256")
         Path(args.dpop_key).write_bytes(key.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -79,8 +79,7 @@ def sign_in(args):
 
 
 def sign_in_many(args):
-    sys.path.insert(0, str(ROOT / "Tests/Support"))
-    from nativeapp import App, InAppBrowser  # noqa: E402 (needs requests, from the venv)
+    from sandbox.nativeapp import App, InAppBrowser  # needs requests, from the venv
 
     lock = threading.Lock()
     pairs, failures = [], []
@@ -120,8 +119,7 @@ def sign_in_many(args):
 def proofs(args):
     """One DPoP proof per line for `--url` (GET) and `--token` by the key of `sign-in --dpop-key`,
     each with its own jti: the dpop target's requests, each proof used once."""
-    sys.path.insert(0, str(ROOT / "Tests/Support"))
-    from dpop import Key  # noqa: E402
+    from sandbox.dpop import Key
     from cryptography.hazmat.primitives import serialization
 
     key = Key("ES256")  # its jwk and signing replaced by the signed-in key's
