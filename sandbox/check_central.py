@@ -31,10 +31,10 @@ import requests
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the sandbox package
 
-import central as cd  # noqa: E402
+from sandbox import central as cd  # noqa: E402
 
 FIXTURES = cd.FIXTURES
 APP, OTHER = "tasquito", "otherapp"

@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import requests
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the sandbox package
 
-import franceconnect as fcd  # noqa: E402
+from sandbox import franceconnect as fcd  # noqa: E402
 
 CALLBACK = "http://127.0.0.1:9/oauth/callback"
 LOGOUT_CALLBACK = "http://127.0.0.1:9/oauth/logout/callback"

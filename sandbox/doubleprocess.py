@@ -1,6 +1,8 @@
-"""Runs a sandbox provider (sandbox/franceconnect.py, sandbox/central.py) as a process: its config written as JSON, its log in the
-session workdir, its ready line (a JSON object on stdout) read before anything talks to it, and the
-process stopped afterwards. Shared by the FranceConnect and central-provider doubles."""
+"""Runs a stand-in of sandbox/ (a script, or a package's folder) as a process: its
+config written as JSON, its log in the session workdir, its ready line (a JSON object on stdout) read
+before anything talks to it, and the process stopped afterwards. Shared by every stand-in started
+as a process: FranceConnect, the central provider, django-oauth-toolkit (sandbox.dot), the modern
+upstream (sandbox.modern)."""
 
 import contextlib
 import json
@@ -8,15 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-try:  # imported from the sandbox package
-    from .secretsrecord import stop
-except ImportError:  # imported by a sandbox provider run as a script
-    from secretsrecord import stop
+from .secretsrecord import stop
 
 
 @contextlib.contextmanager
 def run_double(script, workdir, name, config, describe, make, env=None, python=None, arguments=()):
-    """Yields `make(ready, process, log_path)` for the double `script` started with `config` (a dict);
+    """Yields `make(ready, process, log_path)` for the double `script` started with `config` (a dict):
+    `python SCRIPT --config WORKDIR/NAME.json …`, SCRIPT a file or a package's folder (its __main__.py).
     `describe` names it in the error raised when it dies before its ready line."""
     config_path = Path(workdir) / f"{name}.json"
     config_path.write_text(json.dumps(config))

@@ -1,5 +1,5 @@
-"""The secrets record the test servers keep (Tests/Upstream/serve.py, sandbox/franceconnect.py,
-sandbox/central.py).
+"""The secrets record the test servers keep (sandbox/dot/serve.py, sandbox/modern, sandbox/franceconnect/,
+sandbox/central/).
 
 When the environment variable GATEHOUSE_SECRETS_RECORD names a file, a server appends to it one
 JSON line {"kind": …, "value": …} for every secret it is given or gives out; the end-to-end suite

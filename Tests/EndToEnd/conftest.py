@@ -1,8 +1,8 @@
 """Fixtures for Gatehouse's end-to-end tests.
 
 Everything here is real: the Gatehouse binary built by `swift build`, started as a
-process with a YAML configuration, in front of django-oauth-toolkit (Tests/Upstream)
-started as another process. The only doubles are the three broken upstreams that no
+process with a YAML configuration (sandbox/gatehouse.py), in front of django-oauth-toolkit
+(sandbox/dot) started as another process. The only doubles are the three broken upstreams that no
 package offers: one whose port is closed, one that accepts and never answers, and
 one that answers 200 with a body that is not JSON.
 
@@ -24,7 +24,6 @@ import re
 import secrets
 import socket
 import sqlite3
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -33,13 +32,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
+sys.path.insert(0, str(ROOT))  # the sandbox package
 
-from backends import EchoBackend, JWTIssuer, PersonalInformationService, TLSEchoBackend, self_signed_certificate  # noqa: E402
-from gatelog import LogFollower, served_by  # noqa: E402,F401
-from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
+from sandbox.backends import EchoBackend, JWTIssuer, PersonalInformationService, TLSEchoBackend, self_signed_certificate  # noqa: E402
+from sandbox.gatelog import LogFollower, served_by  # noqa: E402,F401
+from sandbox.nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pump, query, wait_for_line  # noqa: E402,F401
 from relaytokens import PASSWORDS, TokenSupply  # noqa: E402
-from stubserver import StubHandler, StubServer  # noqa: E402
-from tokenproxy import session_keys, with_suite_limits  # noqa: E402
+from sandbox.stubserver import StubHandler, StubServer  # noqa: E402
+from processes import run_gatehouse, session_keys  # noqa: E402
+from sandbox import dot  # noqa: E402
 
 #: eve's business partner id, as her identity service answers it: with a CR LF and what
 #: would be a header of its own if Gatehouse wrote it as it is.
@@ -47,7 +48,7 @@ EVE_BPID = "1000999\r\nX-Injected: yes"
 
 
 #: The environment variable naming the suite's secrets record: a JSON-lines file that every
-#: process the suite starts may append {"kind": …, "value": …} to. Tests/Upstream/serve.py writes
+#: process the suite starts may append {"kind": …, "value": …} to. sandbox/dot/serve.py writes
 #: there every code, verifier, token and client secret it receives or issues (what Gatehouse
 #: exchanged with it, which the tests never see), the demo's walkthrough what its app saw.
 SECRETS_RECORD = "GATEHOUSE_SECRETS_RECORD"
@@ -296,20 +297,8 @@ def upstream(workdir, gatehouse_port, seen):
         "refresh_token_grace_period_seconds": 0,
         "allowed_redirect_uri_schemes": ["http", "https", "com.example.app"],
     }
-    config_path = workdir / "upstream.json"
-    config_path.write_text(json.dumps(config))
-    log = open(workdir / "upstream.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "Tests/Upstream/serve.py"), "--config", str(config_path), "--port", "0", "--quiet"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    try:
-        line = wait_for_line(process.stdout, r'"ready"', 60, "the upstream authorization server")
-        url = json.loads(line)["url"]
-        yield {"url": url, "env": env}
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
+    with dot.run(workdir, "upstream", config, env=env) as running:
+        yield {"url": running.url, "env": env}
 
 
 class LoopbackAcceptor:
@@ -479,9 +468,6 @@ def relay_doubles(upstream, workdir):
 @pytest.fixture(scope="session")
 def gatehouse(workdir, gatehouse_port, upstream, relay_doubles, seen):
     """The Gatehouse binary on SQLite, configured for every scenario of the suite."""
-    binary = Path(os.environ.get("GATEHOUSE_BIN", ROOT / ".build/debug/gatehouse"))
-    if not binary.exists():
-        raise RuntimeError(f"{binary} does not exist: build it first (swift build)")
     silent, garbage, closed_port = SilentServer(), GarbageServer(), free_port()
     base = f"http://127.0.0.1:{gatehouse_port}"
     up = upstream["url"]
@@ -530,25 +516,8 @@ sessions:
   access_token_lifetime: 5m
   refresh_grace: 30s
 """
-    config_path = workdir / "gatehouse.yaml"
-    config_path.write_text(with_suite_limits(config))
-    log_path = workdir / "gatehouse.log"
-    log = open(log_path, "w")
-    process = subprocess.Popen([str(binary), "serve", "--config", str(config_path), "--log-level", "debug"],
-                               stdout=log, stderr=subprocess.PIPE, text=True, errors="replace", env=upstream["env"])
-    try:
-        ready = wait_for_line(process.stderr, r"gatehouse is ready", 30, "Gatehouse")
-        log.write(ready)
-        log.flush()
-        lines = LogFollower()
-        lines.feed(ready)
-        pump(process.stderr, log, lines.feed)
-        yield {"url": base, "port": gatehouse_port, "log": log_path, "lines": lines, "process": process,
-               "config": config_path, "binary": binary, "database": workdir / "gatehouse.sqlite"}
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
+    with run_gatehouse(workdir, "gatehouse", config, upstream["env"]) as running:
+        yield {**running, "database": workdir / "gatehouse.sqlite"}
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from attestation import (DEVELOPMENT, AppleAuthority, DeviceKey, PlayKeys, assertion, attest, integrity_token, verdict)
-from nativeapp import APP_REDIRECT, App
+from sandbox.nativeapp import APP_REDIRECT, App
 from trusted import trusted_gatehouse
 
 APP = "com.example.attested"

@@ -4,7 +4,7 @@ Debian's Chromium (/usr/bin/chromium), headless, driven by Debian's chromedriver
 (/usr/bin/chromedriver) through Selenium; the driver's path is given, so Selenium Manager never
 downloads anything. The app is a loopback web server of the test's own (RFC 8252 §7.3 redirect
 URIs http://127.0.0.1:PORT/callback and /signed-out); Gatehouse (a process of this module's own)
-is in front of the FranceConnect v2 double (sandbox/franceconnect.py).
+is in front of the FranceConnect v2 double (sandbox/franceconnect/).
 
 The browser opens Gatehouse's /oauth/authorize for a sealed client, is sent to FranceConnect's
 login page, where the test clicks "Continuer"; it lands on the app's redirect URI with a code and
@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from sandbox import franceconnect as fcd  # noqa: E402
-from nativeapp import App, free_port  # noqa: E402
-from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
+from sandbox.nativeapp import App, free_port  # noqa: E402
+from processes import run_gatehouse, session_keys  # noqa: E402
+from sandbox.gatehouse import server_and_store  # noqa: E402
 
 from browser import LoopbackApp, browser  # noqa: E402,F401 (browser: the fixture)
 CLIENT = "com.example.browser"

@@ -1,6 +1,6 @@
 """The `central` upstream kind end to end (issue 10): the gatehouse binary as the backend of
 broccoliapps-style apps, in front of a central-provider double built from the published contract
-(sandbox/central.py: it checks every server-to-server request the way the published verifier
+(sandbox/central/: it checks every server-to-server request the way the published verifier
 does, Node-compatible public-key decryption of the signature, the 15 s request age, the body hash;
 single-use one-minute codes; five emails an hour per address).
 
@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from sandbox import central as centrald  # noqa: E402
 from conftest import SilentServer  # noqa: E402  (an upstream that never answers)
-from backends import EchoBackend  # noqa: E402
-from gatelog import served_by  # noqa: E402
-from nativeapp import App, free_port, query  # noqa: E402
-from tokenproxy import run_gatehouse, session_keys  # noqa: E402
+from sandbox.backends import EchoBackend  # noqa: E402
+from sandbox.gatelog import served_by  # noqa: E402
+from sandbox.nativeapp import App, free_port, query  # noqa: E402
+from processes import run_gatehouse, session_keys  # noqa: E402
 
 FIXTURES = ROOT / "Tests/Fixtures/central"
 APP = "tasquito"

@@ -11,7 +11,7 @@ all four on the upstream "legacy", with the same redirect URIs.
 import pytest
 import requests
 
-from nativeapp import APP_REDIRECT, App, InAppBrowser, query
+from sandbox.nativeapp import APP_REDIRECT, App, InAppBrowser, query
 
 PAIRS = {"passthrough": ("com.example.app", "com.example.app2"), "sealed": ("com.example.sealed", "com.example.sealed2")}
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gatelog import fields, message
+from sandbox.gatelog import fields, message
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_franceconnect_demo_walks_sign_in_tokens_userinfo_relay_and_logout(workd
     assert re.search(r"access_token=gha_\S+ refresh_token=ghr_\S+ expires_in=300 token_type=Bearer", tokens)
     assert f"ES256, verified with Gatehouse's JWKS: iss=http://127.0.0.1:{port} aud=com.example.myapp" in tokens
 
-    # 4: /userinfo gives the sandbox person's pivot identity (sandbox/franceconnect.py IDENTITIES[0]), from the session.
+    # 4: /userinfo gives the sandbox person's pivot identity (sandbox.franceconnect IDENTITIES[0]), from the session.
     info = step(out, "4", "/userinfo")
     for line in ("GET /userinfo -> HTTP 200", "given_name: 'Angela Claire Louise'", "family_name: 'DUBOIS'",
                  "birthdate: '1962-08-24'", "birthplace: '75107'", "birthcountry: '99100'", "email: 'angela.dubois@example.test'",

@@ -44,8 +44,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "Tests/Support"))
 
-from nativeapp import free_port  # noqa: E402
-from tokenproxy import gatehouse_binary, session_keys  # noqa: E402
+from sandbox.nativeapp import free_port  # noqa: E402
+from processes import session_keys  # noqa: E402
+from sandbox.gatehouse import gatehouse_binary  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
 VENV_BIN = Path(sys.executable).parent

@@ -1,5 +1,5 @@
 """DPoP-bound tokens (RFC 9449) end to end: proofs built with PyJWT + cryptography
-(Tests/Support/dpop.py), never with Gatehouse's code. Token requests with a proof get `ghd_`
+(sandbox/dpop.py), never with Gatehouse's code. Token requests with a proof get `ghd_`
 tokens of type DPoP; the relay (on both paths: a warm bound token takes the fast path, which
 checks its proof on the event loop and writes the proof's jti to the store before the backend is
 asked), /userinfo and refreshes then need a fresh proof by the same key; every check of RFC 9449
@@ -14,10 +14,10 @@ import time
 import pytest
 import requests
 
-from dpop import Key
-from gatelog import served_by
-from nativeapp import APP_REDIRECT, App
-from tokenproxy import stop
+from sandbox.dpop import Key
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import APP_REDIRECT, App
+from sandbox.secretsrecord import stop
 from trusted import trusted_gatehouse
 
 OPTIONAL = "com.example.dpop"

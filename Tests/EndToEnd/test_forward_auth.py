@@ -38,11 +38,12 @@ import requests
 import yaml
 from jwcrypto import jwk, jwt
 
-from backends import _Handler, _Server
+from sandbox.backends import _Handler, _Server
 from conftest import LoopbackAcceptor
-from nativeapp import APP_REDIRECT, free_port
+from sandbox.nativeapp import APP_REDIRECT, free_port
 from rawhttp import RawClient, request as raw_request
-from tokenproxy import run_gatehouse, server_and_store, session_keys
+from processes import run_gatehouse, session_keys
+from sandbox.gatehouse import server_and_store
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "deploy/forward-auth"
@@ -941,8 +942,8 @@ def test_a_dpop_bound_sealed_token_through_the_ingress(workdir, seen, engine):
     """A sealed `ghd_` token with a proof whose htu is the ingress's public URL (what the app
     called) passes, once: the same proof again is 401, a proof for another URL is 401. The allow is
     never cacheable, and the proof never reaches the backend."""
-    from dpop import Key
-    from nativeapp import App
+    from sandbox.dpop import Key
+    from sandbox.nativeapp import App
     from trusted import trusted_gatehouse
 
     extra = "forward_auth:\n  trusted_proxies: [\"127.0.0.1/32\"]\n  max_age: 5s"

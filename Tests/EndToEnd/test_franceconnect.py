@@ -1,5 +1,5 @@
 """FranceConnect end to end: the gatehouse binary in front of FranceConnect doubles built from
-FranceConnect's published documentation (sandbox/franceconnect.py), v2 and v1.
+FranceConnect's published documentation (sandbox/franceconnect/), v2 and v1.
 
 One Gatehouse of this module's own (SQLite) has four `franceconnect` upstreams, each its own
 double: `fc` (v2, ES256, the integration platform with its issuer overridden), `fc-rs` (v2,
@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from sandbox import franceconnect as fcd  # noqa: E402
-from backends import EchoBackend  # noqa: E402
-from nativeapp import App, free_port, query  # noqa: E402
-from tokenproxy import run_gatehouse, session_keys, server_and_store  # noqa: E402
+from sandbox.backends import EchoBackend  # noqa: E402
+from sandbox.nativeapp import App, free_port, query  # noqa: E402
+from processes import run_gatehouse, session_keys  # noqa: E402
+from sandbox.gatehouse import server_and_store  # noqa: E402
 
 APP_REDIRECT = "com.example.app:/oauth2redirect"
 APP_SIGNED_OUT = "com.example.app:/signed-out"

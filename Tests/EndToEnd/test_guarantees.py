@@ -25,10 +25,11 @@ import pytest
 import requests
 
 from attestation import AppleAuthority, DeviceKey, PlayKeys, attest
-from dpop import Key
-from nativeapp import APP_REDIRECT, App, query
+from sandbox.dpop import Key
+from sandbox.nativeapp import APP_REDIRECT, App, query
 from operations import metric_sum, parse_exposition, poll, scrape
-from tokenproxy import stop, with_suite_limits
+from processes import with_suite_limits
+from sandbox.secretsrecord import stop
 from trusted import trusted_gatehouse
 
 REQUIRED = "com.example.guard"

@@ -13,14 +13,14 @@ This module's own Gatehouse (SQLite) fronts six upstreams:
   `password_grant: true`. Every request Gatehouse sends it passes through a recording forwarder
   (WireRecorder), so a test asserts what reached it: the password only at its token endpoint, once
   per attempt, with the client secret;
-- `auth0`: an Auth0 double built from Auth0's documentation (Tests/Support/auth0mfa.py:
+- `auth0`: an Auth0 double built from Auth0's documentation (sandbox/auth0mfa.py:
   `mfa_required`, `/mfa/challenge`, the mfa-otp grant, real RFC 6238 codes),
   `password_grant: auth0`;
 - `auth0-faulty`: another Auth0 double, told to stall past the upstream timeout (1 s), to answer
   garbage, or stopped (the catalog's upstream failures); `auth0-throttled`, a third, answers 429
   with Retry-After (on an upstream of its own, so a Gatehouse that keeps off a throttled upstream
   until the wait is over does not spill into other tests);
-- `central`: the central-provider double (sandbox/central.py), whose magic link (`platform:
+- `central`: the central-provider double (sandbox/central/), whose magic link (`platform:
   mobile`) hands the app a code;
 - `browser`: django-oauth-toolkit's authorization-code application (no password grant): the
   dialogue falls back to the browser (`redirect_to_web`).
@@ -54,14 +54,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the sandbox package
 
 from sandbox import central as centrald  # noqa: E402
-from auth0mfa import GRANT_MFA_OTP, GRANT_PASSWORD, Auth0MFA, read_arrival  # noqa: E402
-from backends import EchoBackend, self_signed_certificate  # noqa: E402
+from sandbox.auth0mfa import GRANT_MFA_OTP, GRANT_PASSWORD, Auth0MFA, read_arrival  # noqa: E402
+from sandbox.backends import EchoBackend, self_signed_certificate  # noqa: E402
 from browser import browser  # noqa: E402,F401 (the fixture)
-from dpop import Key  # noqa: E402
-from nativeapp import APP_REDIRECT, InAppBrowser, free_port, pkce_pair, query  # noqa: E402
-from smtpsink import SMTPSink  # noqa: E402
-from stubserver import StubHandler, StubServer  # noqa: E402
-from tokenproxy import gatehouse_binary, run_gatehouse, run_upstream, server_and_store, session_keys  # noqa: E402
+from sandbox.dpop import Key  # noqa: E402
+from sandbox.nativeapp import APP_REDIRECT, InAppBrowser, free_port, pkce_pair, query  # noqa: E402
+from sandbox.smtpsink import SMTPSink  # noqa: E402
+from sandbox.stubserver import StubHandler, StubServer  # noqa: E402
+from processes import run_gatehouse, run_upstream, session_keys  # noqa: E402
+from sandbox.gatehouse import gatehouse_binary, server_and_store  # noqa: E402
 
 CHALLENGE = "/oauth/authorize-challenge"
 FIXTURES = ROOT / "Tests/Fixtures/central"
@@ -553,15 +554,16 @@ def mails_to(world, address, after=0):
 # --------------------------------------------------------------------------- the Swift driver
 
 class SignInDriver:
-    """GatehouseSignIn through its driver (.build/debug/gatehouse-signin, or GATEHOUSE_SIGNIN_BIN):
+    """GatehouseSignIn through its driver (GATEHOUSE_SIGNIN_BIN, by default the client package's own
+    build, Clients/GatehouseSignIn/.build/debug/gatehouse-signin):
     `call("checkAccount", email=…)` writes {"call": "checkAccount", "email": …} on its stdin and
     returns the JSON line it prints: {"state", "states", "error", "retry_after", "url", "tokens",
     "dpop_jkt"}. Tokens it prints go to `seen`; its standard error to WORKDIR/NAME.stderr."""
 
     def __init__(self, gatehouse, seen, client_id, scope=None, redirect_uri=None, dpop=False, name="signin-driver"):
-        binary = Path(os.environ.get("GATEHOUSE_SIGNIN_BIN", ROOT / ".build/debug/gatehouse-signin"))
+        binary = Path(os.environ.get("GATEHOUSE_SIGNIN_BIN", ROOT / "Clients/GatehouseSignIn/.build/debug/gatehouse-signin"))
         if not binary.exists():
-            raise RuntimeError(f"{binary} does not exist: build it first (swift build --product gatehouse-signin)")
+            raise RuntimeError(f"{binary} does not exist: build it first (swift build --package-path Clients/GatehouseSignIn)")
         command = [str(binary), "--issuer", gatehouse["url"], "--client-id", client_id]
         if scope:
             command += ["--scope", scope]

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 import requests
 
-from backends import self_signed_certificate
-from nativeapp import APP_REDIRECT, App, query
+from sandbox.backends import self_signed_certificate
+from sandbox.nativeapp import APP_REDIRECT, App, query
 from trusted import trusted_gatehouse
 
 APP = "com.example.inst"

@@ -25,9 +25,10 @@ from collections import Counter
 import pytest
 import requests
 
-from gatelog import served_by
-from nativeapp import free_port
-from tokenproxy import gatehouse_binary, session_keys  # noqa: E402
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import free_port
+from processes import session_keys  # noqa: E402
+from sandbox.gatehouse import gatehouse_binary  # noqa: E402
 from operations import identity, gateway, gateway_config, poll, route_yaml
 from rawhttp import RawClient, request
 

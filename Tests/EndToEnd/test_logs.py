@@ -32,10 +32,11 @@ import time
 import pytest
 import requests
 
-from nativeapp import APP_REDIRECT, App, free_port
-from gatelog import fields, message
+from sandbox.nativeapp import APP_REDIRECT, App, free_port
+from sandbox.gatelog import fields, message
 from operations import IdentityDouble, gateway, gateway_config, json_lines, poll, relay_sign_in, route_yaml
-from tokenproxy import run_upstream, server_and_store, session_keys
+from processes import run_upstream, session_keys
+from sandbox.gatehouse import server_and_store
 
 LEVELS = {"trace", "debug", "info", "notice", "warning", "error", "critical"}
 AUDIT_EVENTS = {"sign_in", "refresh", "reuse_detected", "family_revoked", "revoke", "logout", "admin_revocation",

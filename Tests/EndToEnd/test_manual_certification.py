@@ -15,9 +15,10 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from browser import LoopbackApp, browser  # noqa: F401 (browser: the fixture)
-from nativeapp import PASSWORD, USERNAME, App, InAppBrowser, free_port, query
-from smtpsink import SMTPSink
-from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_keys
+from sandbox.nativeapp import PASSWORD, USERNAME, App, InAppBrowser, free_port, query
+from sandbox.smtpsink import SMTPSink
+from processes import run_gatehouse, run_upstream, session_keys
+from sandbox.gatehouse import server_and_store
 
 APP = "com.example.certified"
 EMAIL = "alice@example.test"

@@ -18,8 +18,8 @@ import subprocess
 import pytest
 import requests
 
-from gatelog import served_by
-from nativeapp import free_port
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import free_port
 from operations import (identity, gateway, gateway_config, metric_sum, parse_exposition, poll, relay_sign_in,
                         route_yaml, scrape)
 

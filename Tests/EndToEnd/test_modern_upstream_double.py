@@ -1,4 +1,4 @@
-"""The modern upstream double (Tests/Upstream/modern.py) on its own, without Gatehouse: that it
+"""The modern upstream double (sandbox/modern) on its own, without Gatehouse: that it
 accepts what a correct client sends (authlib's own client side for private_key_jwt, `requests`
 with a client certificate for mutual TLS) and, what makes the Gatehouse tests of
 test_modern_upstreams.py mean something, that it refuses what it must: a wrong key, an expired
@@ -19,8 +19,9 @@ from joserfc import jwt
 from joserfc.jwk import KeySet
 
 from modernupstream import (ASSERTION_TYPE, CLIENT_DN, Pki, b64url, certificate_thumbprint, double_config, entries,
-                            run_modern, sign_assertion)
-from stubserver import StubHandler, StubServer
+                            sign_assertion)
+from sandbox.modern import run as run_modern
+from sandbox.stubserver import StubHandler, StubServer
 
 REDIRECT = "https://client.example.test/callback"
 

@@ -1,6 +1,6 @@
 """Gatehouse authenticating to its upstreams with private_key_jwt (RFC 7523 §2.2), mutual
 TLS (RFC 8705: tls_client_auth, self_signed_tls_client_auth) and pushing its authorization
-requests (RFC 9126), end to end against Tests/Upstream/modern.py (authlib's server side, with PAR
+requests (RFC 9126), end to end against sandbox/modern (authlib's server side, with PAR
 and mTLS written from their RFCs; its own tests are test_modern_upstream_double.py).
 
 Every assertion is on what the double recorded on the wire (its /_test/log): which listener, which
@@ -43,9 +43,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from modernupstream import (ASSERTION_TYPE, CLIENT_DN, Pki, b64url, b64url_json, certificate_thumbprint, double_config,
-                            entries, assertion_checks, run_modern, thumbprint)
-from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
-from tokenproxy import gatehouse_binary, run_gatehouse, server_and_store, session_keys
+                            entries, assertion_checks, thumbprint)
+from sandbox.modern import run as run_modern
+from sandbox.nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
+from processes import run_gatehouse, session_keys
+from sandbox.gatehouse import gatehouse_binary, server_and_store
 
 SCOPES = "openid profile email"
 PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi", "oth", "k")

@@ -2,7 +2,7 @@
 
 - A refresh storm: one session whose upstream access token has expired, 1,000 relayed requests
   split across two instances, exactly one refresh reaching the real upstream (counted by a
-  pass-through proxy in front of its token endpoint, Tests/Support/tokenproxy.py).
+  pass-through proxy in front of its token endpoint, sandbox/tokenproxy.py).
 - Passthrough refreshes of one upstream refresh token on both instances: one upstream refresh,
   one pair.
 - Revocation on one instance (or by `gatehouse sessions revoke`) reaches the other within a
@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from nativeapp import App, InAppBrowser, free_port, pump, wait_for_line
+from sandbox.nativeapp import App, InAppBrowser, free_port, pump, wait_for_line
 from relaytokens import PASSWORDS
-from tokenproxy import CountingTokenProxy
+from sandbox.tokenproxy import CountingTokenProxy
 
 pytestmark = pytest.mark.skipif("GATEHOUSE_TEST_POSTGRES" not in os.environ,
                                 reason="needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")

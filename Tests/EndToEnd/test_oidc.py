@@ -1,6 +1,6 @@
 """The generic `kind: oidc` upstream, end to end, against the real django-oauth-toolkit.
 
-A django-oauth-toolkit of this module's own (Tests/Upstream/serve.py, OIDC on) has two
+A django-oauth-toolkit of this module's own (sandbox/dot/serve.py, OIDC on) has two
 applications: `gatehouse-oidc` signs its ID tokens RS256 (the key in its JWKS),
 `gatehouse-hs256` HS256 with its client secret (FranceConnect v1's scheme). It serves
 discovery at {issuer}/.well-known/openid-configuration with issuer http://HOST:PORT/o, puts
@@ -32,10 +32,11 @@ import pytest
 import requests
 from jwcrypto import jwk, jwt
 
-from backends import EchoBackend
-from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pkce_pair, query
-from stubserver import StubHandler, StubServer
-from tokenproxy import run_gatehouse, session_keys, run_upstream, server_and_store
+from sandbox.backends import EchoBackend
+from sandbox.nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, free_port, pkce_pair, query
+from sandbox.stubserver import StubHandler, StubServer
+from processes import run_gatehouse, run_upstream, session_keys
+from sandbox.gatehouse import server_and_store
 
 SCOPES = "openid profile email"
 POST_LOGOUT = "com.example.app:/signed-out"

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from backends import EchoBackend
-from nativeapp import App, free_port
+from sandbox.backends import EchoBackend
+from sandbox.nativeapp import App, free_port
 from operations import UpstreamDouble, gateway, gateway_config
 
 #: Gatehouse's `upstream_connect_timeout` here: how long a connection attempt may take.

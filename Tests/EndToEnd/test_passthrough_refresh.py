@@ -12,7 +12,7 @@ with `reusable` one that failed quickly (an HTTP 500) is retried twice. A refres
 out the upstream's timeout is never repeated, whatever the policy: the app would wait three.
 
 Gatehouse instances of this module's own (SQLite, in the session's workdir) talk to the real
-django-oauth-toolkit through counting proxies (Tests/Support/tokenproxy.py), one per upstream,
+django-oauth-toolkit through counting proxies (sandbox/tokenproxy.py), one per upstream,
 so each test can count the refresh grants that reached the upstream.
 """
 
@@ -26,8 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
-from tokenproxy import CountingTokenProxy, run_gatehouse, server_and_store
+from sandbox.nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
+from processes import run_gatehouse
+from sandbox.gatehouse import server_and_store
+from sandbox.tokenproxy import CountingTokenProxy
 
 
 def upstream_entry(name, up, proxy, timeout="5s", extra=""):

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from gatelog import served_by
-from nativeapp import free_port
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import free_port
 from operations import (IdentityDouble, identity, TokenEndpointDouble, client_yaml, gateway, gateway_config, metric_sum,
                         parse_exposition, poll, route_yaml, scrape, upstream_yaml)
 

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from nativeapp import App, free_port
-from tokenproxy import CountingTokenProxy, run_gatehouse, run_upstream, server_and_store
+from sandbox.nativeapp import App, free_port
+from processes import run_gatehouse, run_upstream
+from sandbox.gatehouse import server_and_store
+from sandbox.tokenproxy import CountingTokenProxy
 
 #: What each test measured, printed as one table at the end of the module.
 MEASURED = []

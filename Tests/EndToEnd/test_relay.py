@@ -20,8 +20,8 @@ import pytest
 import requests
 from jwcrypto import jwk, jwt
 
-from gatelog import served_by
-from nativeapp import App, InAppBrowser
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import App, InAppBrowser
 from rawhttp import RawClient, request
 
 

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from gatelog import LogFollower
-from nativeapp import free_port, pump, wait_for_line
+from sandbox.gatelog import LogFollower
+from sandbox.nativeapp import free_port, pump, wait_for_line
 from rawhttp import RawClient, request
 
 HEADER_READ_TIMEOUT = 2.0

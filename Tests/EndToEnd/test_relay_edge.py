@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from gatelog import served_by
-from nativeapp import App
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import App
 from rawhttp import RawClient, request
 
 ROUTE, BACKEND_PATH = "/api/contracts", "/contracts"

@@ -23,7 +23,7 @@ import subprocess
 
 import pytest
 
-from gatelog import served_by
+from sandbox.gatelog import served_by
 from rawhttp import RawClient, request
 
 HTTP_ROUTE, HTTP_BACKEND = "/api/json", "/json"  # legacy-json, max_body_bytes 10 MiB (default)

@@ -14,10 +14,10 @@ Success paths are checked too, not only refusals:
   fuzzed on the suite's Gatehouse (whose upstreams are plain OAuth 2.0: 401, 404, 400), and their
   success paths (userinfo 200, Gatehouse's own ID token, the logout through the upstream's
   end-session endpoint and back) on a Gatehouse of this module's own in front of the FranceConnect
-  v2 double (sandbox/franceconnect.py), fuzzed and sent by hand;
+  v2 double (sandbox/franceconnect/), fuzzed and sent by hand;
 - a `central` upstream's endpoints (the seed's /auth/*, the provider's return to
   /app/auth/callback, its RSA keys in the JWKS) on another Gatehouse of this module's own in front
-  of the central sign-in provider double (sandbox/central.py), fuzzed (with live codes,
+  of the central sign-in provider double (sandbox/central/), fuzzed (with live codes,
   refresh tokens and Apple identity tokens among the values drawn) and sent by hand, the standard
   face (authorize, the provider, the cookie-bound callback, the token endpoint, the relay) included.
   The suite's Gatehouse has no central upstream, so the whole-API run leaves the `central` tag out;
@@ -43,9 +43,10 @@ import pytest
 import requests
 import schemathesis
 
-from gatelog import fields, request_id_of
-from nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
-from tokenproxy import run_gatehouse, session_keys, server_and_store
+from sandbox.gatelog import fields, request_id_of
+from sandbox.nativeapp import APP_REDIRECT, App, InAppBrowser, free_port, query
+from processes import run_gatehouse, session_keys
+from sandbox.gatehouse import server_and_store
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the sandbox package

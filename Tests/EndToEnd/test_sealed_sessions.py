@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from gatelog import served_by
-from nativeapp import App, query
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import App, query
 
 
 def sealed_sign_in(gatehouse, seen):

@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 import pytest
 import requests
 
-from dpop import Key
-from nativeapp import APP_REDIRECT, App
+from sandbox.dpop import Key
+from sandbox.nativeapp import APP_REDIRECT, App
 from trusted import trusted_gatehouse
 
 APP = "com.example.web"

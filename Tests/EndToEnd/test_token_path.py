@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from nativeapp import APP_REDIRECT, App, InAppBrowser, query
+from sandbox.nativeapp import APP_REDIRECT, App, InAppBrowser, query
 
 
 def test_discovery_names_gatehouse_as_issuer(gatehouse):

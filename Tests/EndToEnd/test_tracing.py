@@ -14,8 +14,8 @@ import secrets
 import pytest
 import requests
 
-from gatelog import served_by
-from nativeapp import free_port
+from sandbox.gatelog import served_by
+from sandbox.nativeapp import free_port
 from operations import identity, gateway, gateway_config, relay_sign_in, route_yaml
 from otlp import OTLPReceiver
 

@@ -2,7 +2,7 @@
 
 import requests
 
-from nativeapp import App
+from sandbox.nativeapp import App
 
 
 def test_upstream_down_is_503_with_retry_after(gatehouse, seen):

@@ -2,7 +2,7 @@
 log the suite produced, nor in any of its databases.
 
 The secrets are every one the tests saw (`seen`) and every one they did not see but the run
-recorded: what each upstream received and issued (Tests/Upstream/serve.py's secrets record:
+recorded: what each upstream received and issued (sandbox/dot/serve.py's secrets record:
 the upstream tokens of sealed sessions, Gatehouse's PKCE verifiers and states, the upstream
 codes, the client secrets), what the demo's app saw, and the keys of the session key rings.
 Each is searched as it is, in hex, in base64 / base64url, and (base64url secrets) as the bytes

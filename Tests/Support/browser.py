@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from contextlib import contextmanager
 
-from stubserver import StubHandler, StubServer
+from sandbox.stubserver import StubHandler, StubServer
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 

@@ -1,6 +1,6 @@
-"""What the tests of modern upstreams share (Tests/Upstream/modern.py: private_key_jwt, mutual TLS,
-PAR): the keys and certificates they are made of, the double as a process, its wire log, and the
-JOSE helpers to check what Gatehouse sent.
+"""What the tests of modern upstreams share (sandbox/modern: private_key_jwt, mutual TLS, PAR): the
+keys and certificates they are made of, the double's config, the reading of its wire log, and the
+JOSE helpers to check what Gatehouse sent. The double itself is started by sandbox.modern.run.
 
     pki = Pki(workdir / "modern-pki")        # made once per directory with `cryptography`
     pki.server_ca, pki.server_cert, pki.server_key    # the double's HTTPS (127.0.0.1 as IP SAN)
@@ -12,7 +12,7 @@ JOSE helpers to check what Gatehouse sent.
     pki.certificate_jwk(path)                         # a certificate as a JWK with x5c
     pki.record(seen)                                  # every private key into the secrets record
 
-    with run_modern(workdir, "modern-x", seen, config) as double:
+    with sandbox.modern.run(workdir, "modern-x", config) as double:
         double["url"], double["mtls_url"], double["log"]()   # log(since=N): the wire log
 """
 
@@ -23,24 +23,13 @@ import ipaddress
 import json
 import re
 import secrets
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "Tests/Support"))
-
-from nativeapp import wait_for_line  # noqa: E402
-from sandbox.secretsrecord import stop  # noqa: E402
 
 CLIENT_DN = "CN=gatehouse-mtls,O=Gatehouse Tests"
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -224,41 +213,6 @@ def double_config(pki, clients, **options):
             "user": {"sub": "alice-modern-7", "name": "Alice Liddell", "given_name": "Alice", "family_name": "Liddell",
                      "email": "alice@example.test"},
             "clients": clients, **options}
-
-
-@contextmanager
-def run_modern(workdir, name, config, env=None):
-    """Tests/Upstream/modern.py as a process from `config` (WORKDIR/NAME.json; its stderr in
-    WORKDIR/NAME.log, which the suite's log scan reads). Yields {"url", "mtls_url", "log",
-    "process", "config"}: `log(since=0)` is the wire log (a list of dicts)."""
-    workdir = Path(workdir)
-    config_path = workdir / f"{name}.json"
-    config_path.write_text(json.dumps(config, indent=1))
-    log = open(workdir / f"{name}.log", "w")
-    ca = config["server_certificate"]
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "Tests/Upstream/modern.py"), "--config", str(config_path), "--port", "0", "--quiet"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    try:
-        try:
-            line = wait_for_line(process.stdout, r'"ready"', 60, f"the modern upstream {name}")
-        except RuntimeError:
-            stop(process)
-            log.flush()
-            raise RuntimeError(f"{name} did not start:\n" + (workdir / f"{name}.log").read_text()[-3000:]) from None
-        ready = json.loads(line)
-        server_ca = Path(ca).parent / "server-ca.pem"
-
-        def wire_log(since=0):
-            answer = requests.get(ready["url"] + f"/_test/log?since={since}", verify=str(server_ca), timeout=10)
-            answer.raise_for_status()
-            return answer.json()
-
-        yield {"url": ready["url"], "mtls_url": ready["mtls_url"], "log": wire_log, "process": process,
-               "config": config_path, "ca": server_ca}
-    finally:
-        stop(process)
-        log.close()
 
 
 def entries(log, endpoint=None, client_id=None, **match):

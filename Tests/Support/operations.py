@@ -3,7 +3,7 @@ shutdown and reload) share: Gatehouse processes of their own, their configuratio
 small doubles no package offers.
 
     gateway(workdir, name, config, env, …)   a Gatehouse process (context manager):
-                                              tokenproxy.run_gatehouse, which every suite uses;
+                                              processes.run_gatehouse, which every suite uses;
                                               its stderr followed (`lines`) and copied to
                                               WORKDIR/NAME.log, so the suite's log scan reads it
     gateway_config(…)                         the YAML of such a Gatehouse: the suite's real
@@ -31,9 +31,9 @@ import time
 import pytest
 import requests
 
-from backends import _Handler, _Server
-from nativeapp import APP_REDIRECT, App
-from tokenproxy import run_gatehouse, session_keys
+from sandbox.backends import _Handler, _Server
+from sandbox.nativeapp import APP_REDIRECT, App
+from processes import run_gatehouse, session_keys
 
 IDENTITY_PATH = "/json/UserManagement/GetPersonalInformation"
 
@@ -346,7 +346,7 @@ def relay_sign_in(base, seen, client_id="com.example.relay", username=None, pass
     """Signs in through a `wiring: relay` client of the Gatehouse at `base`: the upstream sends
     the browser straight to the app, which posts the upstream's code with Gatehouse's state.
     Returns (app, token response JSON)."""
-    from nativeapp import InAppBrowser
+    from sandbox.nativeapp import InAppBrowser
     app = App({"url": base}, seen, client_id=client_id)
     browser = InAppBrowser(username=username, password=password) if username else InAppBrowser()
     received = app.sign_in(browser)

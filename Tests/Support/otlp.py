@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
 
-from stubserver import StubHandler, StubServer
+from sandbox.stubserver import StubHandler, StubServer
 
 KINDS = {value: name.removeprefix("SPAN_KIND_").lower() for name, value in SpanMessage.SpanKind.items()}
 

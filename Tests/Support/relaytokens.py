@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from nativeapp import PASSWORD, USERNAME, App, InAppBrowser
+from sandbox.nativeapp import PASSWORD, USERNAME, App, InAppBrowser
 
 #: Users of the upstream (the conftest seeds them) and their passwords.
 PASSWORDS = {USERNAME: PASSWORD, "bob": "builder-42", "eve": "eavesdrop-42"}

@@ -5,9 +5,10 @@ any other top-level sections. Routes relay to one EchoBackend (what a backend re
 
 from contextlib import ExitStack, contextmanager
 
-from backends import EchoBackend
-from nativeapp import free_port
-from tokenproxy import run_gatehouse, run_upstream, server_and_store, session_keys
+from sandbox.backends import EchoBackend
+from sandbox.nativeapp import free_port
+from processes import run_gatehouse, run_upstream, session_keys
+from sandbox.gatehouse import server_and_store
 
 
 @contextmanager

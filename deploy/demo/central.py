@@ -1,6 +1,6 @@
 """Gatehouse demo with a central sign-in provider: Gatehouse (SQLite) as the backend of a
 broccoliapps-style app ("tasquito"), in front of the local central-provider look-alike
-(sandbox/central.py, built from broccoliapps' published verifier and handlers). A native app
+(sandbox/central/, built from broccoliapps' published verifier and handlers). A native app
 simulated step by step: sign-in, the app's tokens, the JWT Gatehouse minted (its claims, verified
 with Gatehouse's JWKS), a relayed call to a small local backend, and the logout (RFC 7009).
 Run through `scripts/demo central`; --no-wait ends after the walkthrough."""
@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
-                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step, stop_process)
-from nativeapp import App  # noqa: E402
+                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step)
+from sandbox.nativeapp import App  # noqa: E402
 from sandbox import central as centrald  # noqa: E402
 
 APP = "tasquito"  # the app id at the central provider (Gatehouse's client_id there, the JWTs' iss and aud)
@@ -177,7 +177,7 @@ def demo(data, stack):
         "apps": {APP: centrald.app_config(base, public, mobile_scheme=APP)}, "defaultUser": PERSON}, env=dict(os.environ)))
     backend = EchoBackend()
     stack.callback(backend.stop)
-    stack.callback(stop_process, start_gatehouse(data, config(port, provider, backend, s2s_key, jwt_key), dict(os.environ)))
+    stack.callback(start_gatehouse(data, config(port, provider, backend, s2s_key, jwt_key), dict(os.environ)).stop)
     print(f"{BOLD}Gatehouse{RESET} {base} in front of the {BOLD}central sign-in provider{RESET} sandbox {provider.url}")
     print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, central.json, central.log, "
           f"central-app-s2s.pem, central-jwt.pem{RESET}")

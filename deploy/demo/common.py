@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -21,12 +20,11 @@ from urllib.parse import urlencode
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "Tests/Support"))
 sys.path.insert(0, str(ROOT))  # the sandbox package
-from backends import EchoBackend  # noqa: E402,F401  (the demos' backend)
-from nativeapp import SecretsFile, free_port, pkce_pair, pump, query, wait_for_line  # noqa: E402,F401
-from stubserver import StubHandler, StubServer  # noqa: E402
-from tokenproxy import server_and_store  # noqa: E402
+from sandbox import gatehouse as gatehouse_process  # noqa: E402
+from sandbox.backends import EchoBackend  # noqa: E402,F401  (the demos' backend)
+from sandbox.nativeapp import SecretsFile, free_port, pkce_pair, query  # noqa: E402,F401
+from sandbox.stubserver import StubHandler, StubServer  # noqa: E402
 
 #: When the end-to-end suite runs a demo it names a file in GATEHOUSE_SECRETS_RECORD: the codes,
 #: verifiers and tokens the demo's app sees are recorded there, so the suite can check that none
@@ -55,42 +53,15 @@ def short(token):
 def sqlite_server(port):
     """The `server:` and `store:` sections of a demo's Gatehouse: 127.0.0.1:PORT, its SQLite file
     in the demo's folder (the configuration's own)."""
-    return server_and_store(port, "gatehouse.sqlite")
-
-
-def gatehouse_binary():
-    return os.environ.get("GATEHOUSE_BIN", str(ROOT / ".build/debug/gatehouse"))
+    return gatehouse_process.server_and_store(port, "gatehouse.sqlite")
 
 
 def start_gatehouse(data, config, env):
     """Gatehouse from the YAML text `config` (written to DATA/gatehouse.yaml, whose relative paths
     are DATA's: the key ring DATA/session-keys is made on first use), its log DATA/gatehouse.log.
-    Returns the process once its ready line is out."""
-    (data / "gatehouse.yaml").write_text(config)
-    binary = gatehouse_binary()
-    if not (data / "session-keys").exists():
-        subprocess.run([binary, "keys", "generate", "--file", str(data / "session-keys")], check=True, capture_output=True)
-    log = open(data / "gatehouse.log", "w")
-    process = subprocess.Popen([binary, "serve", "--config", str(data / "gatehouse.yaml")],
-                               stdout=log, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        log.write(wait_for_line(process.stderr, "gatehouse is ready", 30, "Gatehouse"))
-    except RuntimeError:
-        process.terminate()
-        process.wait(10)
-        raise RuntimeError(f"Gatehouse did not become ready; its log: {data / 'gatehouse.log'}") from None
-    log.flush()
-    pump(process.stderr, log)
-    return process
-
-
-def stop_process(process):
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+    Returns it (a sandbox.gatehouse.GatehouseProcess: `stop()` ends it) once its ready line is out."""
+    gatehouse_process.generate_keys(data / "session-keys")
+    return gatehouse_process.start(data, "gatehouse", config, env=env)
 
 
 def code_received(received, state):

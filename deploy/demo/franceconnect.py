@@ -1,5 +1,5 @@
 """Gatehouse demo with FranceConnect: Gatehouse (SQLite) in front of the local FranceConnect v2
-look-alike (sandbox/franceconnect.py, built from FranceConnect's service-provider documentation),
+look-alike (sandbox/franceconnect/, built from FranceConnect's service-provider documentation),
 a native app simulated step by step: sign-in, the app's tokens, /userinfo, a relayed call to a
 small local backend, and the logout through FranceConnect. Run through `scripts/demo franceconnect`;
 --no-wait ends after the walkthrough."""
@@ -14,8 +14,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it,  # noqa: E402
-                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step, stop_process)
-from nativeapp import App  # noqa: E402
+                    query, relayed_call, run, serve_loopback_app, short, sqlite_server, start_gatehouse, step)
+from sandbox.nativeapp import App  # noqa: E402
 from sandbox import franceconnect as fcd  # noqa: E402
 
 CLIENT = "com.example.myapp"
@@ -157,7 +157,7 @@ def demo(data, stack):
         "redirect_uris": [f"{base}/oauth/callback"], "post_logout_redirect_uris": [f"{base}/oauth/logout/callback"]}]}, env))
     backend = EchoBackend()
     stack.callback(backend.stop)
-    stack.callback(stop_process, start_gatehouse(data, config(port, provider, backend), env))
+    stack.callback(start_gatehouse(data, config(port, provider, backend), env).stop)
     print(f"{BOLD}Gatehouse{RESET} {base} in front of the {BOLD}FranceConnect v2{RESET} sandbox {provider.issuer}")
     print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, franceconnect.json, franceconnect.log{RESET}")
     ok = walkthrough(base, provider, backend)

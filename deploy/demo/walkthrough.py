@@ -4,10 +4,8 @@ app simulated step by step. Run through scripts/demo; --no-wait ends after the w
 
 Step numbers are those of the myVOO mobile login flow (shared/seeds/001)."""
 
-import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,11 +14,11 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (BOLD, DIM, RECORD, RESET, ROOT, EchoBackend, code_received, detail, free_port, print_try_it, run,  # noqa: E402
-                    serve_loopback_app, short, sqlite_server, start_gatehouse as start_configured_gatehouse, step,
-                    stop_process, wait_for_line)
-from backends import PersonalInformationService  # noqa: E402
-from gatelog import fields  # noqa: E402
-from nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, pkce_pair, query  # noqa: E402
+                    serve_loopback_app, short, sqlite_server, start_gatehouse as start_configured_gatehouse, step)
+from sandbox import dot  # noqa: E402
+from sandbox.backends import PersonalInformationService  # noqa: E402
+from sandbox.gatelog import fields  # noqa: E402
+from sandbox.nativeapp import APP_REDIRECT, PASSWORD, USERNAME, App, InAppBrowser, pkce_pair, query  # noqa: E402
 
 #: A second user of the upstream, whose business partner (BPId) is not active: signed in, but
 #: not allowed to read data (myVOO step 6b, 403).
@@ -28,6 +26,9 @@ INACTIVE_USER, INACTIVE_PASSWORD = "bob", "builder-42"
 BPIDS = {USERNAME: ("1000123", "active"), INACTIVE_USER: ("1000456", "inactive")}
 
 def start_upstream(data, gatehouse_port, env):
+    """django-oauth-toolkit (sandbox/dot) with alice and bob and the demo's client: a context
+    manager yielding the running server (`url`); its config DATA/upstream.json, its log
+    DATA/upstream.log."""
     callback = f"http://127.0.0.1:{gatehouse_port}/oauth/callback"
     config = {
         "users": [{"username": USERNAME, "password": PASSWORD, "email": "alice@example.test", "first_name": "Alice"},
@@ -36,11 +37,7 @@ def start_upstream(data, gatehouse_port, env):
                           "redirect_uris": [callback], "pkce_required": False}],
         "rotate_refresh_token": True, "refresh_token_grace_period_seconds": 0,
     }
-    (data / "upstream.json").write_text(json.dumps(config))
-    log = open(data / "upstream.log", "w")
-    process = subprocess.Popen([sys.executable, str(ROOT / "Tests/Upstream/serve.py"), "--config", str(data / "upstream.json"),
-                                "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    return process, json.loads(wait_for_line(process.stdout, '"ready"', 60, "the upstream"))["url"]
+    return dot.run(data, "upstream", config, env=env)
 
 
 def start_relay_doubles(upstream_url, env):
@@ -235,13 +232,11 @@ def sealed_walkthrough(gatehouse):
 def demo(data, stack):
     env = dict(os.environ, DEMO_UPSTREAM_SECRET=secrets.token_urlsafe(32))
     port = free_port()
-    upstream, upstream_url = start_upstream(data, port, env)
-    stack.callback(stop_process, upstream)
+    upstream_url = stack.enter_context(start_upstream(data, port, env)).url
     backend, personal = start_relay_doubles(upstream_url, env)
     stack.callback(personal.stop)
     stack.callback(backend.stop)
-    gatehouse = start_gatehouse(data, port, upstream_url, env, backend, personal)
-    stack.callback(stop_process, gatehouse)
+    stack.callback(start_gatehouse(data, port, upstream_url, env, backend, personal).stop)
     print(f"{BOLD}Gatehouse{RESET} http://127.0.0.1:{port} in front of {BOLD}django-oauth-toolkit{RESET} {upstream_url}")
     print(f"{DIM}Files in {data}: gatehouse.yaml, gatehouse.sqlite, gatehouse.log, upstream.log{RESET}")
     ok = walkthrough({"url": f"http://127.0.0.1:{port}", "log": data / "gatehouse.log", "personal": personal})

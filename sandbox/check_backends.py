@@ -1,12 +1,12 @@
 """Self-check of backends.py: run with the venv's python; exits non-zero on failure.
 
-    .venv/bin/python Tests/Support/check_backends.py [--gib]
+    .venv/bin/python sandbox/check_backends.py [--gib]
 
 EchoBackend: echo, repeated headers, keep-alive, hop-by-hop response headers, statuses,
 a 200 MiB download and a 50 MiB chunked upload with flat memory (max RSS printed),
 slow requests released by stop(). --gib also streams 1 GiB.
 PersonalInformationService: in front of the real django-oauth-toolkit server
-(Tests/Upstream/serve.py, demo-config.json), with tokens for alice and bob obtained by
+(sandbox/dot/serve.py, demo-config.json), with tokens for alice and bob obtained by
 the authorization code flow. JWTIssuer: tokens verify against its JWKS with jwcrypto,
 forgeries do not.
 """
@@ -30,7 +30,6 @@ import requests
 from jwcrypto import jwk, jws, jwt
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 from backends import EchoBackend, JWTIssuer, PersonalInformationService  # noqa: E402
@@ -375,8 +374,8 @@ def check_jwt():
 def main():
     gib = "--gib" in sys.argv
     env = {**os.environ, **SECRETS}
-    server = subprocess.Popen([sys.executable, str(ROOT / "Tests/Upstream/serve.py"), "--config",
-                               str(ROOT / "Tests/Upstream/demo-config.json"), "--port", "0", "--quiet"],
+    server = subprocess.Popen([sys.executable, str(HERE / "dot/serve.py"), "--config",
+                               str(HERE / "dot/demo-config.json"), "--port", "0", "--quiet"],
                               env=env, stdout=subprocess.PIPE, text=True)
     try:
         check_echo(gib)

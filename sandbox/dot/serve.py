@@ -4,7 +4,7 @@ A real OAuth 2.0 / OpenID Connect server built from django-oauth-toolkit
 (DOT). Every start gets a fresh SQLite database in a temporary directory,
 seeded from a JSON config. Run it with the repo's venv (scripts/python-env):
 
-    .venv/bin/python Tests/Upstream/serve.py --config cfg.json [--port 0] [--host 127.0.0.1] [--quiet]
+    .venv/bin/python sandbox/dot/serve.py --config cfg.json [--port 0] [--host 127.0.0.1] [--quiet]
 
 Once listening it prints exactly one line to stdout and nothing after it:
 
@@ -87,7 +87,7 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 import django
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the sandbox package
-from sandbox.secretsrecord import SecretsRecord  # noqa: E402  (shared with sandbox/franceconnect.py)
+from sandbox.secretsrecord import SecretsRecord  # noqa: E402  (shared with sandbox/franceconnect/)
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from django.conf import settings

@@ -11,8 +11,8 @@ import threading
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-from backends import self_signed_certificate
-from nativeapp import free_port
+from .backends import self_signed_certificate
+from .nativeapp import free_port
 
 
 class SMTPSink:

@@ -88,7 +88,7 @@ from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import jwt  # PyJWT: the ID tokens (HS256 with the client secret, an algorithm Auth0 offers)
 
-from stubserver import StubHandler, StubServer
+from .stubserver import StubHandler, StubServer
 
 GRANT_PASSWORD = "password"
 GRANT_PASSWORD_REALM = "http://auth0.com/oauth/grant-type/password-realm"

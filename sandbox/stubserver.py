@@ -17,9 +17,9 @@ with state of its own subclasses it, or gives its handler a closure over that st
 keeps http.server's defaults (HTTP/1.0 unless it sets protocol_version, its Server header): what
 goes on the wire is the handler's, the helper adds nothing to it.
 
-Tests/Support/backends.py has its own plumbing (connections it can cut, a restart on the same
-port, TLS, in-flight counters), and the sandbox/ doubles and Benchmarks/token_proxy.py are
-processes of their own: they do not use this.
+sandbox/backends.py has its own plumbing (connections it can cut, a restart on the same
+port, TLS, in-flight counters), and the provider look-alikes (sandbox/franceconnect, central,
+dot, modern) are processes of their own: they do not use this.
 """
 
 import threading
