@@ -274,12 +274,12 @@ public enum GatehouseApplication {
         }
         // The server has stopped: the lines of its last requests are written before the process ends.
         await accessLog.flush()
-        await close(relay: runtime.backendClient, httpClient: httpClient, store: opened)
+        await close(runtime, httpClient: httpClient, store: opened)
         try stopped.get()
     }
 
-    private static func close(relay backendClient: HTTPClient?, httpClient: HTTPClient, store: OpenedStore) async {
-        try? await backendClient?.shutdown()
+    private static func close(_ runtime: GatehouseRuntime, httpClient: HTTPClient, store: OpenedStore) async {
+        try? await runtime.shutdown()
         try? await httpClient.shutdown()
         await store.close()
     }

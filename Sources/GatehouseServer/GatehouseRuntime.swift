@@ -100,6 +100,12 @@ public final class GatehouseRuntime: Sendable {
                              backendClient: made.backendClient, signer: signer)
     }
 
-    /// The backend client, when one was made: the process shuts it down at exit.
-    var backendClient: HTTPClient? { relayParts.withLock { $0.backendClient } }
+    /// The backend client, when routes made one.
+    public var backendClient: HTTPClient? { relayParts.withLock { $0.backendClient } }
+
+    /// Shuts down what the runtime made (the backend client); the store and the HTTP client it was
+    /// given are their owner's to close.
+    public func shutdown() async throws {
+        try await backendClient?.shutdown()
+    }
 }

@@ -10,8 +10,9 @@ public final class GatehouseHolder: Sendable {
     private let value: Mutex<InForce>
 
     /// A `Gatehouse` and its planner: `nil` (every request to the general path) when no route is
-    /// configured or while tracing is on.
-    private struct InForce {
+    /// configured or while tracing is on. A class, so that a reader holds the lock only to take
+    /// one reference, never while copying a `Gatehouse`.
+    private final class InForce: Sendable {
         let gatehouse: Gatehouse
         let planner: FastRelayPlanner?
 
@@ -25,7 +26,7 @@ public final class GatehouseHolder: Sendable {
         value = Mutex(InForce(gatehouse))
     }
 
-    public var current: Gatehouse { value.withLock { $0.gatehouse } }
+    public var current: Gatehouse { value.withLock { $0 }.gatehouse }
 
     /// Puts `gatehouse` and its planner in force together.
     func replace(with gatehouse: Gatehouse) {
@@ -37,7 +38,7 @@ public final class GatehouseHolder: Sendable {
 /// The fast path asks the holder's planner, the one in force with the holder's `Gatehouse`.
 extension GatehouseHolder: FastRelayPlanning {
     func plan(_ request: HTTPRequestHead, remoteAddress: String?, memo: inout ConnectionMemo) -> FastRelayPlan? {
-        value.withLock { $0.planner }?.plan(request, remoteAddress: remoteAddress, memo: &memo)
+        value.withLock { $0 }.planner?.plan(request, remoteAddress: remoteAddress, memo: &memo)
     }
 }
 

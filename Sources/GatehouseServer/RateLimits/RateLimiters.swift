@@ -28,7 +28,7 @@ public final class RateLimiters: Sendable {
         self.settings = settings
         self.audit = audit
         func limiter(_ limit: GatehouseMetrics.Limit, _ key: KeyPath<RateLimitSettings, BucketSettings?>) -> TokenBucketLimiter? {
-            settings[keyPath: key].map { buckets.limiter(limit, settings: $0) }
+            buckets.limiter(limit, settings: settings[keyPath: key])
         }
         oauthPerClient = limiter(.oauth_client, \.oauthPerClient)
         oauthPerAddress = limiter(.oauth_address, \.oauthPerAddress)
@@ -42,14 +42,19 @@ public final class RateLimiters: Sendable {
     }
 
     /// The token buckets of every limit, by limit, outliving configurations: a limit whose
-    /// settings are those of its kept limiter gets it back, with its buckets as they are.
+    /// settings are those of its kept limiter gets it back, with its buckets as they are; a limit
+    /// a configuration turns off is forgotten (turned on again, it starts full).
     public final class Buckets: Sendable {
         private let limiters = Mutex<[GatehouseMetrics.Limit: TokenBucketLimiter]>([:])
 
         public init() {}
 
-        func limiter(_ limit: GatehouseMetrics.Limit, settings: BucketSettings) -> TokenBucketLimiter {
+        func limiter(_ limit: GatehouseMetrics.Limit, settings: BucketSettings?) -> TokenBucketLimiter? {
             limiters.withLock { limiters in
+                guard let settings else {
+                    limiters[limit] = nil
+                    return nil
+                }
                 if let kept = limiters[limit], kept.settings == settings { return kept }
                 let made = TokenBucketLimiter(settings)
                 limiters[limit] = made

@@ -20,10 +20,12 @@ struct ReloadTests {
 
     /// A configuration whose one route sends `/api` to `backendPath` of an unreachable backend,
     /// for the `methods` given.
-    static func configuration(backendPath: String, methods: String) throws -> GatehouseConfiguration {
+    static func configuration(backendPath: String, methods: String, relayPerSubject: String = "{per_second: 10, burst: 20}") throws
+        -> GatehouseConfiguration
+    {
         let yaml = ForwardAuthConfigurationTests.yaml(forwardAuth: "", prefix: "/api")
             .replacingOccurrences(of: "https://esb.example.com/contracts", with: "http://127.0.0.1:9\(backendPath)\n    methods: [\(methods)]")
-        return try ForwardAuthConfigurationTests.load(yaml + "\nrate_limits:\n  relay_per_subject: {per_second: 10, burst: 20}\n")
+        return try ForwardAuthConfigurationTests.load(yaml + "\nrate_limits:\n  relay_per_subject: \(relayPerSubject)\n")
     }
 
     static func withHolder(_ body: (GatehouseHolder, GatehouseRuntime) async throws -> Void) async throws {
@@ -39,11 +41,11 @@ struct ReloadTests {
         do {
             try await body(holder, runtime)
         } catch {
-            try await runtime.backendClient?.shutdown()
+            try await runtime.shutdown()
             try await store.close()
             throw error
         }
-        try await runtime.backendClient?.shutdown()
+        try await runtime.shutdown()
         try await store.close()
     }
 
@@ -81,18 +83,71 @@ struct ReloadTests {
         }
     }
 
+    /// The same through the reloader, as SIGHUP runs it: the file read again, checked, and put in force.
+    @Test func aReloadedFileIsServedByBothPathsFromTheNextRequest() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("reload-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let secret = directory.appendingPathComponent("secret")
+        try "s".write(to: secret, atomically: true, encoding: .utf8)
+        func file(backendPath: String, methods: String) -> String {
+            ForwardAuthConfigurationTests.yaml(forwardAuth: "", prefix: "/api")
+                .replacingOccurrences(of: "https://esb.example.com/contracts", with: "http://127.0.0.1:9\(backendPath)\n    methods: [\(methods)]")
+                .replacingOccurrences(of: "client_secret_env: SECRET", with: "client_secret_file: \(secret.path)")
+        }
+        let path = directory.appendingPathComponent("gatehouse.yaml").path
+        try file(backendPath: "/v1", methods: "GET").write(toFile: path, atomically: true, encoding: .utf8)
+        let (first, source) = try YAMLConfigurationLoader.loadSource(path: path)
+        var logger = Logger(label: "test")
+        logger.logLevel = .critical
+        let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
+        let runtime = GatehouseRuntime(configuration: first, store: store, upstreams: [:], httpClient: .shared, logger: logger)
+        runtime.identityCache.insert(.active(CallerIdentity(subject: "alice", bpid: nil, scopes: ["read"], attributes: [:], expiresAt: nil)),
+                                     forToken: Self.token, upstream: "ates", ttl: .seconds(300))
+        let holder = GatehouseHolder(Gatehouse(configuration: first, runtime: runtime))
+        let reloader = Reloader(holder: holder, source: source, logger: logger)
+        do {
+            #expect(Self.fastTarget(holder) == "/v1/x")
+            try file(backendPath: "/v2", methods: "GET, POST").write(toFile: path, atomically: true, encoding: .utf8)
+            await reloader.reload(from: path)
+            #expect(Self.fastTarget(holder) == "/v2/x")
+            #expect(try await Self.generalAnswer(holder, method: .post).0 != .methodNotAllowed)
+            #expect(holder.current.runtime === runtime)
+            // A file a reload refuses (the server section changed) leaves both paths as they were.
+            try file(backendPath: "/v3", methods: "GET").replacingOccurrences(of: "https://gatehouse.example.com", with: "https://other.example.com")
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            await reloader.reload(from: path)
+            #expect(Self.fastTarget(holder) == "/v2/x")
+            #expect(try await Self.generalAnswer(holder, method: .post).0 != .methodNotAllowed)
+        } catch {
+            try await runtime.shutdown()
+            try await store.close()
+            throw error
+        }
+        try await runtime.shutdown()
+        try await store.close()
+    }
+
     @Test func whatOutlivesAConfigurationCarriesOver() async throws {
         try await Self.withHolder { holder, runtime in
             let before = holder.current
             holder.replace(with: Gatehouse(configuration: try Self.configuration(backendPath: "/v2", methods: "GET"), runtime: runtime))
             let after = holder.current
             #expect(after.runtime === before.runtime)
+            #expect(before.relay != nil)
             #expect(after.relay?.cache === before.relay?.cache)
             #expect(after.relay?.backendClient === before.relay?.backendClient)
             #expect(after.dpop.replays === before.dpop.replays)
             // The same rate-limit settings: the same buckets, so a reload hands nobody a fresh burst.
             #expect(after.limits.relayPerSubject === before.limits.relayPerSubject)
             #expect(after.limits.relayPerSubject != nil)
+            #expect(after.dpop.nonces.current(now: Date()) == before.dpop.nonces.current(now: Date()))
+            #expect(after.authorizationServer.passthrough === before.authorizationServer.passthrough)
+            // Other settings for a limit: a fresh limiter, with the new settings.
+            let slower = try Self.configuration(backendPath: "/v2", methods: "GET", relayPerSubject: "{per_second: 1, burst: 2}")
+            holder.replace(with: Gatehouse(configuration: slower, runtime: runtime))
+            #expect(holder.current.limits.relayPerSubject !== before.limits.relayPerSubject)
+            #expect(holder.current.limits.relayPerSubject?.settings.burst == 2)
         }
     }
 }
