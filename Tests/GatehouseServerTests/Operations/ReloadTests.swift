@@ -28,11 +28,19 @@ struct ReloadTests {
         return try ForwardAuthConfigurationTests.load(yaml + "\nrate_limits:\n  relay_per_subject: \(relayPerSubject)\n")
     }
 
-    static func withHolder(_ body: (GatehouseHolder, GatehouseRuntime) async throws -> Void) async throws {
+    static var quiet: Logger {
         var logger = Logger(label: "test")
         logger.logLevel = .critical
+        return logger
+    }
+
+    /// A holder of a Gatehouse of `first` (else the `/v1`, GET-only configuration) on a runtime of its own.
+    static func withHolder(_ first: GatehouseConfiguration? = nil, _ body: (GatehouseHolder, GatehouseRuntime) async throws -> Void)
+        async throws
+    {
+        let logger = quiet
         let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
-        let first = try configuration(backendPath: "/v1", methods: "GET")
+        let first = try first ?? configuration(backendPath: "/v1", methods: "GET")
         let runtime = GatehouseRuntime(configuration: first, store: store, upstreams: [:], httpClient: .shared, logger: logger)
         // The caller is known: the fast path can plan its requests without asking anyone.
         runtime.identityCache.insert(.active(CallerIdentity(subject: "alice", bpid: nil, scopes: ["read"], attributes: [:], expiresAt: nil)),
@@ -98,15 +106,8 @@ struct ReloadTests {
         let path = directory.appendingPathComponent("gatehouse.yaml").path
         try file(backendPath: "/v1", methods: "GET").write(toFile: path, atomically: true, encoding: .utf8)
         let (first, source) = try YAMLConfigurationLoader.loadSource(path: path)
-        var logger = Logger(label: "test")
-        logger.logLevel = .critical
-        let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
-        let runtime = GatehouseRuntime(configuration: first, store: store, upstreams: [:], httpClient: .shared, logger: logger)
-        runtime.identityCache.insert(.active(CallerIdentity(subject: "alice", bpid: nil, scopes: ["read"], attributes: [:], expiresAt: nil)),
-                                     forToken: Self.token, upstream: "ates", ttl: .seconds(300))
-        let holder = GatehouseHolder(Gatehouse(configuration: first, runtime: runtime))
-        let reloader = Reloader(holder: holder, source: source, logger: logger)
-        do {
+        try await Self.withHolder(first) { holder, runtime in
+            let reloader = Reloader(holder: holder, source: source, logger: Self.quiet)
             #expect(Self.fastTarget(holder) == "/v1/x")
             try file(backendPath: "/v2", methods: "GET, POST").write(toFile: path, atomically: true, encoding: .utf8)
             await reloader.reload(from: path)
@@ -119,13 +120,7 @@ struct ReloadTests {
             await reloader.reload(from: path)
             #expect(Self.fastTarget(holder) == "/v2/x")
             #expect(try await Self.generalAnswer(holder, method: .post).0 != .methodNotAllowed)
-        } catch {
-            try await runtime.shutdown()
-            try await store.close()
-            throw error
         }
-        try await runtime.shutdown()
-        try await store.close()
     }
 
     @Test func whatOutlivesAConfigurationCarriesOver() async throws {
