@@ -72,17 +72,18 @@ public struct Gatehouse: Sendable {
     public init(configuration: GatehouseConfiguration, store: any GatehouseStore, upstreams: [String: any UpstreamProfile],
                 relay: RelayServices? = nil, sessions: SessionServices? = nil, signer: AssertionSigner? = nil,
                 now: @escaping @Sendable () -> Date = Date.init, logger: Logger, audit: AuditLog = AuditLog()) {
-        self.init(configuration: configuration, store: store, upstreams: upstreams, relay: relay, sessions: sessions, signer: signer,
-                  now: now, logger: logger, audit: audit, mailer: nil)
+        self.init(configuration: configuration, runtime: GatehouseRuntime(
+            configuration: configuration, store: store, upstreams: upstreams, relay: relay, sessions: sessions, signer: signer, now: now,
+            logger: logger, audit: audit))
     }
 
-    /// The same, sending e-mail through `mailer` (a recorder in tests), else through `mail:`.
+    /// The same, sending e-mail through `mailer` (a recorder in tests).
     init(configuration: GatehouseConfiguration, store: any GatehouseStore, upstreams: [String: any UpstreamProfile],
          relay: RelayServices? = nil, sessions: SessionServices? = nil, signer: AssertionSigner? = nil,
          now: @escaping @Sendable () -> Date = Date.init, logger: Logger, audit: AuditLog = AuditLog(), mailer: (any Mailer)?) {
         self.init(configuration: configuration, runtime: GatehouseRuntime(
             configuration: configuration, store: store, upstreams: upstreams, relay: relay, sessions: sessions, signer: signer, now: now,
-            logger: logger, audit: audit, mailer: mailer ?? configuration.mail.map { SMTPMailer(settings: $0, logger: logger) }))
+            logger: logger, audit: audit, mailer: mailer))
     }
 
     public var store: any GatehouseStore { runtime.store }

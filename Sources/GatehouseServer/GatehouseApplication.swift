@@ -316,16 +316,6 @@ public enum GatehouseApplication {
     static func issuesIDTokens(_ upstream: UpstreamSettings) -> Bool {
         UpstreamRegistry.kinds[upstream.kind]?.decoder.keepsIdentity == true
     }
-
-    /// The relay's cache, resolvers, backend client and signer; `nil` without routes.
-    public static func makeRelayServices(for configuration: GatehouseConfiguration, httpClient: HTTPClient,
-                                         signer: AssertionSigner? = nil, logger: Logger) async throws -> RelayServices?
-    {
-        guard !configuration.routes.isEmpty else { return nil }
-        return RelayServices(configuration: configuration, cache: IdentityCache(maximumEntries: configuration.identityCache.maximumEntries),
-                             resolvers: configuration.identityResolvers(client: httpClient),
-                             backendClient: RelayServices.makeBackendClient(for: configuration), signer: signer)
-    }
 }
 
 extension HTTPClient.Configuration.ConnectionPool {

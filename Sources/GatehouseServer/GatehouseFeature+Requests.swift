@@ -55,15 +55,23 @@ extension GatehouseFeature {
 extension RecordingFeature {
     /// Records a Gatehouse code for `issued` and sends the browser back to the app with it.
     func redirectWithCode(_ issued: IssuedCode, appState: String) async -> Response {
-        let gatehouseCode = SecureToken.generate()
+        let gatehouseCode: String
         do {
-            try await store.insertCode(sealed: try issued.sealed(with: gatehouseCode), codeHash: SecureToken.hash(gatehouseCode),
-                                       expiresAt: expiry(after: configuration.server.codeLifetime))
+            gatehouseCode = try await recordCode(issued)
         } catch {
             logger.error("store failed to record a code", metadata: ["error": .string(String(describing: type(of: error)))])
             return .redirect(to: appRedirect(issued.redirectURI, error: .serverError("Gatehouse could not record the sign-in"), state: appState))
         }
         logger.info("code issued to app", metadata: ["client_id": .string(issued.clientID)])
         return .redirect(to: RedirectURI.appending([("code", gatehouseCode), ("state", appState), ("iss", issuer)], to: issued.redirectURI))
+    }
+
+    /// Records a fresh Gatehouse code for `issued` (its upstream tokens sealed under the code, kept
+    /// by the code's hash, for `server.code_lifetime`) and returns it.
+    func recordCode(_ issued: IssuedCode) async throws -> String {
+        let code = SecureToken.generate()
+        try await store.insertCode(sealed: try issued.sealed(with: code), codeHash: SecureToken.hash(code),
+                                   expiresAt: expiry(after: configuration.server.codeLifetime))
+        return code
     }
 }

@@ -177,9 +177,7 @@ extension InAppSignIn {
                                 upstream: dialogue.upstream, tokenResponse: grant.tokens?.json ?? Data("{}".utf8),
                                 userinfo: grant.userinfo, appNonce: dialogue.appNonce, subject: grant.subject)
         issued.dpopJKT = dialogue.dpopJKT
-        let code = SecureToken.generate()
-        try await store.insertCode(sealed: try issued.sealed(with: code), codeHash: SecureToken.hash(code),
-                                   expiresAt: expiry(after: configuration.server.codeLifetime))
+        let code = try await recordCode(issued)
         logger.info("code issued to app", metadata: ["client_id": .string(dialogue.clientID), "via": "authorize-challenge"])
         return code
     }

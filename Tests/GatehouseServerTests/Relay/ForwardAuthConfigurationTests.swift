@@ -96,16 +96,17 @@ struct ForwardAuthConfigurationTests {
         var logger = Logger(label: "test")
         logger.logLevel = .critical
         let store = try await SQLiteAuthorizationStore.open(path: ":memory:", logger: logger)
-        let relay = try #require(try await GatehouseApplication.makeRelayServices(for: configuration, httpClient: .shared, logger: logger))
-        let gatehouse = Gatehouse(configuration: configuration, store: store, upstreams: [:], relay: relay, logger: logger)
+        let runtime = GatehouseRuntime(configuration: configuration, store: store, upstreams: [:], httpClient: .shared, logger: logger)
+        let gatehouse = Gatehouse(configuration: configuration, runtime: runtime)
         do {
+            try #require(gatehouse.relay != nil)
             try await Application(router: GatehouseApplication.router(for: gatehouse)).test(.router, body)
         } catch {
-            try await relay.backendClient.shutdown()
+            try await runtime.shutdown()
             try await store.close()
             throw error
         }
-        try await relay.backendClient.shutdown()
+        try await runtime.shutdown()
         try await store.close()
     }
 
