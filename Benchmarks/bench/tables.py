@@ -12,6 +12,12 @@ EXPLAIN = ("Medians over the runs of each side. spread = (max − min) / median 
            "(the backend's CPU is in none). INVALID: a run with a wrong or unchecked body or non-2xx answers; its numbers do not count.")
 
 
+def run_notes(who, s):
+    """The notes of one side's runs: each INVALID run with its problems, and its socket lines."""
+    return ([f"- {who}, run {round_}: INVALID: " + "; ".join(problems) for round_, problems in s["invalid"]]
+            + [f"- {who}, {line}" for line in s.get("socket") or []])
+
+
 def main_table(ctx, targets):
     """The main table: each wrk target's Gatehouse rows against nginx, with the goal and the result,
     then the notes, the comparisons and the instances' memory."""
@@ -80,10 +86,7 @@ def main_table(ctx, targets):
             for who, s in (("nginx", ref), (side, gh)):
                 if who == "nginx" and side != "gatehouse" or not s:
                     continue
-                for round_, problems in s["invalid"]:
-                    notes.append(f"- {label}, {who}, run {round_}: INVALID: " + "; ".join(problems))
-                for line in s.get("socket") or []:
-                    notes.append(f"- {label}, {who}, {line}")
+                notes += run_notes(f"{label}, {who}", s)
             if has_gh:
                 extra = []
                 if gh.get("identity_calls") is not None:
@@ -200,10 +203,7 @@ def forward_auth_table(ctx):
                  f"{gh_cpu:.1f}" if gh_cpu is not None else "-", result]
         out.append("| " + " | ".join(cells) + " |")
         if s:
-            for round_, problems in s["invalid"]:
-                notes.append(f"- {label}, run {round_}: INVALID: " + "; ".join(problems))
-            for line in s.get("socket") or []:
-                notes.append(f"- {label}, {line}")
+            notes += run_notes(label, s)
         if has:
             extra = []
             if s.get("identity_calls") is not None:
