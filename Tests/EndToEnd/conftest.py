@@ -214,8 +214,12 @@ class Secrets:
                 start = position - offset
                 if start >= 0 and data[start:start + len(form_bytes)] == form_bytes:
                     found.add((kind, form))
+        # A short secret (a 6-digit code) is looked for as a whole token: not inside a longer run
+        # of letters and digits, where a long log (PostgreSQL's, every statement with its
+        # parameters) holds any 6 digits by chance; a leaked code stands on its own (quoted, a
+        # parameter, a JSON value, a form field).
         for form_bytes, kind, form in short:
-            if form_bytes in data:
+            if form_bytes in data and re.search(rb"(?<![A-Za-z0-9])" + re.escape(form_bytes) + rb"(?![A-Za-z0-9])", data):
                 found.add((kind, form))
         return sorted(found)
 
