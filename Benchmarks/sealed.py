@@ -7,12 +7,26 @@
         code and writes Gatehouse's access token (gha_…) to OUT. Needs `requests`: run it with
         the repo's venv (scripts/python-env).
 
+    sealed.py sign-in GATEHOUSE_URL OUT --dpop-key KEY.pem
+        The same with the tokens bound to a new ES256 key (RFC 9449), written to KEY.pem; when
+        the token endpoint asks for its nonce (400 use_dpop_nonce), the code is redeemed again with
+        a proof carrying it.
+
     sealed.py sign-in-many GATEHOUSE_URL OUT --count N [--client-id ID --redirect-uri URI] [--threads 4]
         N sign-ins the same way (one in-app browser per thread: alice logs in once per thread, the
         upstream's session cookie does the rest), for the token and capacity targets: refresh
         tokens are single-use, each load worker needs a chain of its own. Writes one JSON object
         per line, {"access_token", "refresh_token"}. With a passthrough client (e.g.
         com.example.bench) these are the upstream's own tokens. Needs `requests` (the venv).
+
+    sealed.py nonce --key KEY.pem --token TOKEN --url URL
+        Sends one `GET URL` with the DPoP-bound token and a proof without a nonce and prints the
+        `DPoP-Nonce` of Gatehouse's 401 (use_dpop_nonce): the nonce `proofs --nonce` puts in
+        every proof for an instance that requires its own nonces.
+
+    sealed.py proofs --key KEY.pem --token TOKEN --url URL --count N [--first I] [--nonce NONCE] --out FILE
+        N DPoP proofs for `GET URL`, one per line, each with its own jti (from I on): the DPoP
+        targets' requests, each proof used once.
 
     sealed.py storm --url A --url B --token-file F --counts URL [--workers 250] [--per-worker 4]
                     [--path /api/data] [--expect-body FILE] [--identity-log FILE] --out OUT.json
@@ -61,8 +75,13 @@ def sign_in(args):
         key = Key("ES256")
         Path(args.dpop_key).write_bytes(key.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                                   serialization.NoEncryption()))
-        headers = {"DPoP": key.proof("POST", args.url.rstrip("/") + "/oauth/token")}
+        token_url = args.url.rstrip("/") + "/oauth/token"
+        headers = {"DPoP": key.proof("POST", token_url)}
     answer = app.redeem(received["code"], headers=headers)
+    if args.dpop_key and use_dpop_nonce(answer):
+        # An instance that requires its nonce says which (RFC 9449 §8); the code is not spent by the refusal.
+        headers = {"DPoP": key.proof("POST", token_url, nonce=answer.headers["DPoP-Nonce"])}
+        answer = app.redeem(received["code"], headers=headers)
     if answer.status_code != 200:
         print(f"sign-in: the token endpoint answered {answer.status_code}: {answer.text[:300]}", file=sys.stderr)
         return 1
@@ -116,21 +135,63 @@ def sign_in_many(args):
     return 0 if len(pairs) == args.count else 1
 
 
-def proofs(args):
-    """One DPoP proof per line for `--url` (GET) and `--token` by the key of `sign-in --dpop-key`,
-    each with its own jti: the dpop target's requests, each proof used once."""
+def use_dpop_nonce(answer):
+    """Whether a token-endpoint answer (requests) asks for the server's nonce: 400 use_dpop_nonce with a DPoP-Nonce."""
+    if answer.status_code != 400 or not answer.headers.get("DPoP-Nonce"):
+        return False
+    try:
+        return answer.json().get("error") == "use_dpop_nonce"
+    except ValueError:
+        return False
+
+
+def signed_in_key(path):
+    """The key of `sign-in --dpop-key` as a sandbox.dpop.Key (its jwk and signing replaced by the file's)."""
     from sandbox.dpop import Key
     from cryptography.hazmat.primitives import serialization
 
-    key = Key("ES256")  # its jwk and signing replaced by the signed-in key's
-    key.private = serialization.load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    key = Key("ES256")
+    key.private = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     numbers = key.private.public_key().public_numbers()
     key.jwk = {"kty": "EC", "crv": "P-256", "x": b64url(numbers.x.to_bytes(32, "big")), "y": b64url(numbers.y.to_bytes(32, "big"))}
+    return key
+
+
+def proofs(args):
+    """One DPoP proof per line for `--url` (GET) and `--token` by the key of `sign-in --dpop-key`,
+    each with its own jti (and, with --nonce, the instance's nonce): the DPoP targets' requests,
+    each proof used once."""
+    key = signed_in_key(args.key)
     started = time.monotonic()
     with open(args.out, "w") as f:
         for index in range(args.count):
-            f.write(key.proof("GET", args.url, access_token=args.token, jti=f"b{args.first + index:x}") + "\n")
-    print(f"proofs: {args.count:,} DPoP proofs made in {time.monotonic() - started:.1f} s")
+            f.write(key.proof("GET", args.url, access_token=args.token, nonce=args.nonce or None,
+                              jti=f"b{args.first + index:x}") + "\n")
+    print(f"proofs: {args.count:,} DPoP proofs made in {time.monotonic() - started:.1f} s"
+          + (" (with the instance's nonce)" if args.nonce else ""))
+    return 0
+
+
+def nonce(args):
+    """The instance's DPoP nonce: one `GET --url` with the bound token and a proof without a nonce,
+    whose 401 (use_dpop_nonce) carries it in DPoP-Nonce; printed on standard output."""
+    key = signed_in_key(args.key)
+    url = urlsplit(args.url)
+    proof = key.proof("GET", args.url, access_token=args.token, jti=f"nonce-probe-{os.urandom(8).hex()}")
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", url.path, headers={"Authorization": f"DPoP {args.token}", "DPoP": proof})
+        response = conn.getresponse()
+        response.read()
+    finally:
+        conn.close()
+    challenge = response.getheader("WWW-Authenticate") or ""
+    value = response.getheader("DPoP-Nonce") or ""
+    if response.status != 401 or 'error="use_dpop_nonce"' not in challenge or not value:
+        print(f"nonce: expected a 401 with use_dpop_nonce and a DPoP-Nonce from GET {url.path}, got {response.status} "
+              f"(WWW-Authenticate {challenge[:120]!r}, DPoP-Nonce {'present' if value else 'absent'})", file=sys.stderr)
+        return 1
+    print(value)
     return 0
 
 
@@ -310,8 +371,15 @@ def main():
     p.add_argument("--url", required=True)
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--first", type=int, default=0, help="the first proof's number (its jti): files of one key never overlap")
+    p.add_argument("--nonce", default="", help="the instance's DPoP nonce (`nonce`), put in every proof")
     p.add_argument("--out", required=True)
     p.set_defaults(func=proofs)
+
+    p = sub.add_parser("nonce")
+    p.add_argument("--key", required=True, help="the PEM key of sign-in --dpop-key")
+    p.add_argument("--token", required=True)
+    p.add_argument("--url", required=True, help="a bound route's URL, e.g. http://127.0.0.1:PORT/api/data")
+    p.set_defaults(func=nonce)
 
     p = sub.add_parser("storm")
     p.add_argument("--url", action="append", required=True, help="an instance's base URL (give two)")

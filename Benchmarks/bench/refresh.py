@@ -1,5 +1,6 @@
 """Refresh load through /oauth/token: `refresh_load` (worker threads, each with its own refresh
-chain), the token target (Gatehouse's overhead over a direct refresh) and the capacity target
+chain), the token target (Gatehouse's overhead over a direct refresh; with BASELINE_BIN, the
+baseline binary's sequential passthrough refresh on SQLite too) and the capacity target
 (sealed refreshes/s of two instances on one PostgreSQL, statements and CPU per refresh, where it
 saturates, with pg_stat_activity sampled by WaitSampler)."""
 
@@ -15,7 +16,7 @@ import urllib.parse
 
 from .goals import token_overhead
 from .proc import CLK_TCK, cpu_delta, cpu_snapshot
-from .processes import pause, say
+from .processes import free_ports, pause, say
 from .stats import fmt_ms, percentile, median_or_none
 from . import stack
 
@@ -90,7 +91,27 @@ def refresh_load(urls, headers, client_id, chains, concurrency, count=None, seco
     latencies.sort()
     return {"ok": len(latencies), "errors": errors[0], "first_error": first_error[0], "wall": wall,
             "rate": len(latencies) / wall if wall else 0.0,
-            "p50": median_or_none(latencies), "p99": percentile(latencies, 99)}
+            "p50": median_or_none(latencies), "p99": percentile(latencies, 99), "samples": latencies}
+
+
+TOKEN_SLICES = 4   # the sequential rows of a store run in this many slices each, in turn (interleaved)
+
+
+def slices(count, parts=TOKEN_SLICES):
+    """`count` refreshes cut into at most `parts` slices, as even as can be (the first ones larger)."""
+    parts = max(1, min(parts, count))
+    return [count // parts + (1 if i < count % parts else 0) for i in range(parts)]
+
+
+def merge_loads(parts):
+    """One refresh_load result of a row from its slices: the refreshes, errors and wall time added
+    up, the rate and the percentiles over every latency."""
+    latencies = sorted(x for part in parts for x in part["samples"])
+    wall = sum(part["wall"] for part in parts)
+    return {"ok": len(latencies), "errors": sum(part["errors"] for part in parts),
+            "first_error": next((part["first_error"] for part in parts if part["first_error"]), None), "wall": wall,
+            "rate": len(latencies) / wall if wall else 0.0,
+            "p50": median_or_none(latencies), "p99": percentile(latencies, 99), "samples": latencies}
 
 
 class WaitSampler:
@@ -170,9 +191,14 @@ def saturation(row):
     return "mixed"
 
 
+BASELINE_ROW = "passthrough app, baseline binary"
+
+
 def token_target(ctx):
     """The token target: refreshes through Gatehouse (passthrough and sealed app) against the same
-    refresh sent directly to the upstream, sequential and concurrent, on SQLite and PostgreSQL."""
+    refresh sent directly to the upstream, sequential and concurrent, on SQLite and PostgreSQL.
+    Sequential: the rows in turn, TOKEN_SLICES slices each; with BASELINE_BIN, on SQLite, the
+    baseline binary's passthrough row among them (its own instance, same configuration)."""
     r = ctx.results
     if ctx.stack_failed:
         r.token_notes.append(f"- not run: sealed set-up: {ctx.stack_failed}")
@@ -206,28 +232,71 @@ def token_target(ctx):
         rows = [("direct (upstream)", direct_url, {"Authorization": basic}, None, direct_chains),
                 ("passthrough app", gh_url, {}, "com.example.bench", pass_chains),
                 ("sealed app", gh_url, {}, "com.example.app", sealed_chains)]
+        baseline = start_token_baseline(ctx, store_label, name, port) if ctx.baseline and kind is None else None
         for mode in ("sequential", "concurrent"):
+            mode_rows = list(rows)
+            if baseline and mode == "sequential":
+                mode_rows.insert(2, (BASELINE_ROW, baseline[1], {}, "com.example.bench", baseline[2]))
             results = {}
-            for label, url, headers, client_id, chains in rows:
-                if mode == "sequential":
-                    say(f"token, {store_label}, {label}: {ctx.token_sequential} refreshes one after the other")
-                    res = refresh_load(url, headers, client_id, chains[:1], 1, count=ctx.token_sequential)
-                else:
-                    say(f"token, {store_label}, {label}: {ctx.token_concurrency} concurrent refresh chains for {ctx.duration} s")
-                    res = refresh_load(url, headers, client_id, chains[1:], ctx.token_concurrency, seconds=ctx.duration)
-                results[label] = res
-                print(f"    -> {res['ok']} refreshes ({res['errors']} errors{': ' + res['first_error'] if res['first_error'] else ''}), "
-                      f"{res['rate']:,.0f}/s, median {fmt_ms(res['p50'] or 0)} ms, p99 {fmt_ms(res['p99'] or 0)} ms",
-                      file=sys.stderr)
+            if mode == "sequential":
+                say(f"token, {store_label}: {ctx.token_sequential} refreshes one after the other per row, the rows in turn "
+                    f"({len(slices(ctx.token_sequential))} slices each): {', '.join(row[0] for row in mode_rows)}")
+                parts = {row[0]: [] for row in mode_rows}
+                for count in slices(ctx.token_sequential):
+                    for label, url, headers, client_id, chains in mode_rows:
+                        parts[label].append(refresh_load(url, headers, client_id, chains[:1], 1, count=count))
+                for label, *_ in mode_rows:
+                    results[label] = merge_loads(parts[label])
+                    show_load(f"{label}, sequential", results[label])
                 pause(ctx.pause_s)
+            else:
+                for label, url, headers, client_id, chains in mode_rows:
+                    say(f"token, {store_label}, {label}: {ctx.token_concurrency} concurrent refresh chains for {ctx.duration} s")
+                    results[label] = refresh_load(url, headers, client_id, chains[1:], ctx.token_concurrency, seconds=ctx.duration)
+                    show_load(label, results[label])
+                    pause(ctx.pause_s)
             base = results["direct (upstream)"]
-            for label in ("direct (upstream)", "passthrough app", "sealed app"):
-                res = results[label]
+            for label, *_ in mode_rows:
+                res = dict(results[label])
+                res.pop("samples", None)
                 row = {"row": f"{store_label}, {mode}, {label}", "store": store_label, "mode": mode, "side": label, **res}
                 if label != "direct (upstream)":
                     row.update(token_overhead(res, base, concurrent=mode == "concurrent"))
+                if label == BASELINE_ROW:
+                    row["met"] = None  # the baseline binary is compared, not judged
+                    row["baseline"] = True
                 r.token_rows.append(row)
+        if baseline:
+            ctx.children.stop(baseline[0])
         ctx.children.stop(p)
+
+
+def start_token_baseline(ctx, store_label, name, port):
+    """The baseline binary's instance for the token target (same configuration, its own port and
+    SQLite file) and a passthrough refresh chain for it, signed in through the current instance
+    (`port`; the upstream's own tokens, good at either): (Popen, its /oauth/token URL, chains), or
+    None with a note."""
+    r = ctx.results
+    bport = free_ports(1)[0]
+    d = ctx.run_dir / f"{name}-baseline"
+    d.mkdir(exist_ok=True)
+    p, reason = stack.start_sealed(ctx, f"{name}-baseline", bport, f"sqlite_path: {d}/gatehouse.sqlite",
+                                   "token endpoint (baseline binary)", direct_token_endpoint=True, binary=ctx.baseline)
+    if reason:
+        r.token_notes.append(f"- {store_label}: the baseline binary FAILED ({reason})")
+        return None
+    chains = stack.sign_in_many(ctx, port, 1, "com.example.bench", "com.example.bench:/cb", ctx.run_dir / f"{name}-baseline-chains")
+    if not chains:
+        r.token_notes.append(f"- {store_label}: the baseline row's sign-in failed (see the log above)")
+        ctx.children.stop(p)
+        return None
+    return p, f"http://127.0.0.1:{bport}/oauth/token", chains
+
+
+def show_load(label, res):
+    """One refresh load's line on standard error."""
+    print(f"    -> {label}: {res['ok']} refreshes ({res['errors']} errors{': ' + res['first_error'] if res['first_error'] else ''}), "
+          f"{res['rate']:,.0f}/s, median {fmt_ms(res['p50'] or 0)} ms, p99 {fmt_ms(res['p99'] or 0)} ms", file=sys.stderr)
 
 
 def capacity_target(ctx):
@@ -271,6 +340,7 @@ def capacity_target(ctx):
         sampler.start()
         client_before = time.process_time()
         res = refresh_load(urls, {}, "com.example.app", chains[:level], level, seconds=ctx.duration)
+        res.pop("samples")
         client_s = time.process_time() - client_before
         sampler.stop()
         cpu_after = {k: cpu_snapshot(v) for k, v in (("pg", [postmaster]), ("gh", [q.pid for q in procs]), ("up", [ctx.upstream.pid]))}

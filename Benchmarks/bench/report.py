@@ -93,6 +93,9 @@ def write_report(ctx):
             "Benchmarks/check.lua checks the body of every 1,000th response; load generator on the same machine")
         add("")
         add(tables.main_table(ctx, [t for t in wrk_targets if not t.fronts]))
+        bound = tables.bound_table(r)
+        if bound:
+            add(bound)
         peers_table = tables.peers_table(ctx, wrk_targets)
         if peers_table:
             add("### Gatehouse against each reference proxy")
@@ -125,7 +128,7 @@ def write_report(ctx):
     if "capacity" in ctx.names:
         add(tables.capacity_table(ctx))
     for name, text in r.profile.items():
-        add(f"### Where the time goes: {name} (its last Gatehouse round, under perf)")
+        add(f"### Where the time goes: {name} ({r.profile_how.get(name, 'its last Gatehouse round, under perf')})")
         add("")
         add(text.strip())
         add("")

@@ -1,16 +1,19 @@
 """The measured runs: `run_target` alternates a target's rows ROUNDS times after a warm-up,
 `measure` is one wrk run with CPU, context switches and RSS read around it from /proc, and
-`profile_report` the perf profile of a target's last Gatehouse round (PROFILE=target)."""
+`profile_report` the perf profile of a target's last Gatehouse round (PROFILE=target) or, when
+one of the target's `profile_goals` is missed, of an extra run after its rounds (`profile_on_miss`)."""
 
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from .goals import GOALS, judge
 from .paths import CHECK_LUA, OUT_DIR, PERF_BUCKETS_PY, RUNS_DIR
 from .proc import CLK_TCK, count_lines, cpu_delta, cpu_snapshot, cpu_ticks, switches_snapshot, vm_kib
 from .processes import log_tail, pause, say, warn
@@ -30,9 +33,10 @@ def refresh_count(url):
 
 
 def measure(ctx, target, side, round_, url, request, cpu_pids, rss_pid=None, instance=None, header=None,
-            proofs=None, counts_url=None, seconds=None, cpu_tree=True, cpu_parts=None):
+            proofs=None, counts_url=None, seconds=None, cpu_tree=True, cpu_parts=None, record=True):
     """One wrk run. cpu_parts: {name: (pids, tree)}: parts of the side whose CPU µs per request
-    are also recorded apart (run["cpu_parts"]), e.g. a forward-auth front's proxy and Gatehouse."""
+    are also recorded apart (run["cpu_parts"]), e.g. a forward-auth front's proxy and Gatehouse.
+    record: False for a run that does not count (the extra run under perf; round_ names it)."""
     seconds = seconds or ctx.duration
     base = RUNS_DIR / ("warmup" if round_ == 0 else "") / (f"{target.name}.{side}" + ("" if round_ == 0 else f".{round_}"))
     cmd = ["wrk", f"-t{ctx.threads}", f"-c{ctx.connections}", f"-d{seconds}s", "--latency", "-s", str(CHECK_LUA)]
@@ -42,9 +46,10 @@ def measure(ctx, target, side, round_, url, request, cpu_pids, rss_pid=None, ins
     shown = " ".join(shlex.quote(ctx.rel(a)) for a in cmd).replace(ctx.token, "<token>")
     if ctx.shown_token:
         shown = shown.replace(ctx.shown_token, f"<{ctx.shown_token[:4]} token>")
-    if round_ and f"{target.name}/{side}" not in ctx.results.wrk_shown:
+    if round_ and record and f"{target.name}/{side}" not in ctx.results.wrk_shown:
         ctx.results.wrk_shown[f"{target.name}/{side}"] = shown
-    say(f"{target.name}, {side}, {'warm-up' if round_ == 0 else f'run {round_} of {ctx.rounds}'}: {shown}")
+    which = "warm-up" if round_ == 0 else f"run {round_} of {ctx.rounds}" if record else f"{round_} run (not counted)"
+    say(f"{target.name}, {side}, {which}: {shown}")
     env = dict(os.environ, BENCH_EXPECT_FILE=str(request["expect"]), BENCH_CHECK_EVERY="1000")
     if request.get("method"):
         env["BENCH_METHOD"] = request["method"]
@@ -121,7 +126,7 @@ def measure(ctx, target, side, round_, url, request, cpu_pids, rss_pid=None, ins
               file=sys.stderr)
     else:
         print(f"    -> {summary}", file=sys.stderr)
-    if round_:
+    if round_ and record:
         ctx.results.runs.setdefault((target.name, side), []).append(run)
     return run
 
@@ -139,13 +144,13 @@ def run_target(ctx, target, sides):
         rounds, warmup = 1, 0  # nothing of Gatehouse to compare with: the references once, for the record
     say(f"target {target.name}: {rounds} round(s) of {ctx.duration} s ({', '.join(s['name'] for s in live)})")
 
-    def one(s, round_, seconds=None):
-        proofs = s.get("proofs")
-        measure(ctx, target, s["name"], round_, s["url"], request, s["cpu"], rss_pid=s.get("rss"),
-                     instance=s.get("instance"), header=s.get("header"),
-                     proofs=f"{proofs}-{'warmup' if round_ == 0 else round_}" if proofs else None,
-                     counts_url=s.get("counts"), seconds=seconds, cpu_tree=s.get("cpu_tree", True),
-                     cpu_parts=s.get("cpu_parts"))
+    def one(s, round_, seconds=None, record=True):
+        proofs = s.get("proofs")  # a DPoP target's: run name -> its file of proofs (stack.ProofFiles)
+        return measure(ctx, target, s["name"], round_, s["url"], request, s["cpu"], rss_pid=s.get("rss"),
+                       instance=s.get("instance"), header=s.get("header"),
+                       proofs=proofs("warmup" if round_ == 0 else str(round_)) if proofs else None,
+                       counts_url=s.get("counts"), seconds=seconds, cpu_tree=s.get("cpu_tree", True),
+                       cpu_parts=s.get("cpu_parts"), record=record)
 
     if warmup:
         for s in live:
@@ -159,24 +164,64 @@ def run_target(ctx, target, sides):
                 pause(ctx.pause_s)
             perf = None
             if s["name"] == "gatehouse" and ctx.profile == target.name and round_ == rounds:
-                perf = subprocess.Popen(["perf", "record", "-F", str(ctx.profile_hz), "-g", "-p", str(s["proc"].pid),
-                                         "-o", str(OUT_DIR / f"perf-{target.name}.data"), "--", "sleep", str(ctx.duration)],
-                                        stdout=open(OUT_DIR / f"perf-{target.name}.log", "wb"), stderr=subprocess.STDOUT)
-            one(s, round_)
+                perf = start_perf(ctx, target, s)
+            run = one(s, round_)
             if perf:
                 if perf.wait() != 0:
                     warn(f"perf record exited with status {perf.returncode} (see {OUT_DIR / f'perf-{target.name}.log'})")
-                profile_report(ctx, target, ctx.results.runs[(target.name, "gatehouse")][-1])
+                profile_report(ctx, target, run)
             if s.get("proc") is not None and s["proc"].poll() is not None:
                 warn(f"{s['name']} exited during the load run; last 30 lines of its log:")
                 log_tail(ctx.run_dir / f"gatehouse-{s['instance']}.log")
                 ctx.results.failed[(target.name, s["name"])] = f"exited during run {round_}"
         if round_ < rounds:
             pause(ctx.pause_s)
+    if not ctx.nginx_only and ctx.profile != target.name:
+        profile_on_miss(ctx, target, live, one)
 
 
-def profile_report(ctx, target, run):
-    """The perf profile of a target's last Gatehouse round, bucketed by perf_buckets.py, for the report."""
+def missed_goals(target, results):
+    """The ids of the target's `profile_goals` that the results miss (judged as the goals table does)."""
+    return [g.id for g in GOALS if g.id in target.profile_goals and judge(g, results)[1] == "**missed**"]
+
+
+def start_perf(ctx, target, s):
+    """`perf record -g` on a Gatehouse side's process for DURATION seconds (its recording in OUT_DIR)."""
+    return subprocess.Popen(["perf", "record", "-F", str(ctx.profile_hz), "-g", "-p", str(s["proc"].pid),
+                             "-o", str(OUT_DIR / f"perf-{target.name}.data"), "--", "sleep", str(ctx.duration)],
+                            stdout=open(OUT_DIR / f"perf-{target.name}.log", "wb"), stderr=subprocess.STDOUT)
+
+
+def profile_on_miss(ctx, target, live, one):
+    """When the target's rounds miss one of its `profile_goals`: one extra run of its Gatehouse row
+    under perf, after the rounds and not counted, profiled into the report (or a note why not)."""
+    missed = missed_goals(target, ctx.results)
+    if not missed:
+        return
+    s = next((x for x in live if x["name"] == "gatehouse" and x.get("proc") is not None and x["proc"].poll() is None), None)
+    if s is None:
+        return
+    if not shutil.which("perf"):
+        ctx.results.notes.append(f"{target.label}: {', '.join(missed)} missed; no profile (perf is not installed)")
+        return
+    say(f"{target.name}: {', '.join(missed)} missed: one more run, under perf, not counted")
+    if s.get("proofs") and not s["proofs"]("profile"):
+        ctx.results.notes.append(f"{target.label}: {', '.join(missed)} missed; no profile ({s['proofs'].problem})")
+        return
+    pause(ctx.pause_s)
+    perf = start_perf(ctx, target, s)
+    run = one(s, "profile", record=False)
+    if perf.wait() != 0:
+        warn(f"perf record exited with status {perf.returncode} (see {OUT_DIR / f'perf-{target.name}.log'})")
+    if run.get("rps") is None or problems_of(run):
+        ctx.results.notes.append(f"{target.label}: the extra run under perf after {', '.join(missed)} was missed was not valid: "
+                                 + ("; ".join(problems_of(run)) or "no numbers"))
+    profile_report(ctx, target, run, how=f"an extra run after its rounds, not counted: {', '.join(missed)} missed")
+
+
+def profile_report(ctx, target, run, how="its last Gatehouse round, under perf"):
+    """The perf profile of a target's Gatehouse run (its last round, or `how` it was recorded),
+    bucketed by perf_buckets.py, for the report."""
     requests = run.get("requests")
     cpu_us = run["cpu_ticks"] / CLK_TCK * 1e6 if run.get("cpu_ticks") else None
     script = subprocess.run(["perf", "script", "-i", str(OUT_DIR / f"perf-{target.name}.data"), "-F", "comm,tid,ip,sym,dso"],
@@ -190,6 +235,7 @@ def profile_report(ctx, target, run):
     (OUT_DIR / f"profile-{target.name}.md").write_bytes(out.stdout)
     if out.returncode:
         warn(f"perf_buckets.py failed for {target.name}")
-    say(f"profile of {target.name} (its last Gatehouse round, under perf: the figures of that round are lower than the others):")
+    say(f"profile of {target.name} ({how}; under perf, its figures are lower than the others):")
     sys.stderr.write(out.stdout.decode(errors="replace"))
     ctx.results.profile[target.name] = out.stdout.decode(errors="replace")
+    ctx.results.profile_how[target.name] = how

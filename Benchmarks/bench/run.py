@@ -75,8 +75,9 @@ class Run:
         base = os.environ.get("BASELINE_BIN", "")
         self.baseline = None
         if base:
-            if "passthrough" not in self.names or self.nginx_only:
-                fail(f"BASELINE_BIN needs the passthrough target (--only passthrough, relay or all), not --only {settings.only}")
+            if not self.names & {"passthrough", "token"} or self.nginx_only:
+                fail(f"BASELINE_BIN needs the passthrough or the token target (--only passthrough, relay, token or all), "
+                     f"not --only {settings.only}")
             self.baseline = self.abs(base)
             if not (self.baseline.is_file() and os.access(self.baseline, os.X_OK)):
                 fail(f"BASELINE_BIN: no executable file at {self.baseline}")
@@ -141,14 +142,11 @@ class Run:
             self.stack_failed = stack.start_stack(self)
             if self.stack_failed:
                 warn(f"sealed set-up: {self.stack_failed}")
-        if "sealed-sqlite" in self.names:
-            (self.run_dir / "sealed-sqlite").mkdir()
-            p = stack.sealed_target(self, TARGET["sealed-sqlite"], "sealed-sqlite", self.port_s3, f"sqlite_path: {self.run_dir}/sealed-sqlite/gatehouse.sqlite")
-            self.children.stop(p)
-        if "dpop" in self.names:
-            (self.run_dir / "dpop").mkdir()
-            p = stack.sealed_target(self, TARGET["dpop"], "dpop", self.port_s3, f"sqlite_path: {self.run_dir}/dpop/gatehouse.sqlite", dpop=True)
-            self.children.stop(p)
+        for name in ("sealed-sqlite", "dpop", "dpop-nonce"):  # the bearer token first: the DPoP goals compare with it
+            if name in self.names:
+                (self.run_dir / name).mkdir()
+                p = stack.sealed_target(self, TARGET[name], name, self.port_s3, f"sqlite_path: {self.run_dir}/{name}/gatehouse.sqlite")
+                self.children.stop(p)
         sealed1 = None
         if "sealed-pg" in self.names:
             sealed1 = stack.sealed_target(self, TARGET["sealed-pg"], "sealed-pg", self.port_s1,

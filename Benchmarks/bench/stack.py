@@ -103,16 +103,27 @@ def pg_store(ctx):
     return f"postgres: {{host: {ctx.pg_host}, port: {ctx.pg_port}, database: gatehouse, username: gatehouse}}"
 
 
-def start_sealed(ctx, name, port, store, targets, direct_token_endpoint=False):
-    """A sealed instance (gatehouse-sealed.yaml.in), its token endpoint the counting proxy or, with
-    direct_token_endpoint, the upstream's own: (Popen, "") or (None, why not)."""
+def dpop_section(lines):
+    """The DPOP placeholder of gatehouse-sealed.yaml.in: further lines of its `dpop:` section."""
+    return "".join(f"  {line}\n" for line in lines)
+
+
+def start_sealed(ctx, name, port, store, targets, direct_token_endpoint=False, dpop_lines=(), binary=None):
+    """A sealed instance (gatehouse-sealed.yaml.in; dpop_lines: further lines of its `dpop:`
+    section), its token endpoint the counting proxy or, with direct_token_endpoint, the upstream's
+    own; binary: another gatehouse than the run's (BASELINE_BIN): (Popen, "") or (None, why not)."""
     if ctx.stack_failed:
         return None, f"sealed set-up: {ctx.stack_failed}"
     conf = ctx.run_dir / f"gatehouse-{name}.yaml"
-    render(BENCH_DIR / "gatehouse-sealed.yaml.in", conf, references.values(ctx, 
+    render(BENCH_DIR / "gatehouse-sealed.yaml.in", conf, references.values(ctx,
         GATEHOUSE_PORT=port, STORE=store, KEYS_FILE=ctx.run_dir / "session-keys", UPSTREAM_URL=ctx.upstream_url,
-        TOKEN_ENDPOINT=f"{ctx.upstream_url}/o/token/" if direct_token_endpoint else ctx.token_proxy_url))
-    return gatehouse.start_gatehouse(ctx, name, ctx.bin, conf, port, targets)
+        TOKEN_ENDPOINT=f"{ctx.upstream_url}/o/token/" if direct_token_endpoint else ctx.token_proxy_url,
+        DPOP=dpop_section(dpop_lines)))
+    if dpop_lines:
+        refused = gatehouse.config_refused(ctx, binary or ctx.bin, conf, ("dpop", "replay_protection", "nonce_epoch"))
+        if refused:
+            return None, f"skipped: this binary refuses the configuration ({refused})"
+    return gatehouse.start_gatehouse(ctx, name, binary or ctx.bin, conf, port, targets)
 
 
 def sign_in(ctx, name, port, out, *extra):
@@ -136,43 +147,90 @@ def sign_in_many(ctx, port, count, client_id, redirect, out):
     return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
 
 
-def sealed_target(ctx, target, name, port, store, dpop=False):
-    """A sealed target (sealed-sqlite, sealed-pg, dpop): its instance, the sign-in (and DPoP proofs),
-    then the rounds. Returns the instance, still running (the storm may use it)."""
+def sealed_target(ctx, target, name, port, store):
+    """A sealed target (sealed-sqlite, sealed-pg, dpop, dpop-nonce): its instance, the sign-in (for
+    a DPoP target: bound to a key, the instance's nonce when it requires one, and the proofs), then
+    the rounds. Returns the instance, still running (the storm may use it)."""
     sides = references.reference_sides(ctx, target)
-    p, reason = start_sealed(ctx, name, port, store, target.label)
-    proofs = None
+    p, reason = start_sealed(ctx, name, port, store, target.label, dpop_lines=target.dpop_lines)
+    make_proofs = None
     header = None
     if p:
-        options = ["--dpop-key", str(ctx.run_dir / f"{name}-dpop-key.pem")] if dpop else []
+        key = ctx.run_dir / f"{name}-dpop-key.pem"
+        options = ["--dpop-key", str(key)] if target.dpop else []
         if not sign_in(ctx, name, port, ctx.run_dir / f"{name}-token", *options):
             reason = "the sign-in (alice, sealed) failed"
         else:
             bearer = (ctx.run_dir / f"{name}-token").read_text().strip()
             ctx.shown_token = bearer
-            header = f"Authorization: {'DPoP' if dpop else 'Bearer'} {bearer}"
-            if dpop:
-                # One proof per request, each used once (its jti), made beforehand: a file per run.
-                proofs = ctx.run_dir / f"{name}-proofs"
-                first = 0
+            header = f"Authorization: {'DPoP' if target.dpop else 'Bearer'} {bearer}"
+            if target.dpop:
+                url = f"http://127.0.0.1:{port}/api/data"
+                nonce_of = (lambda: fetch_nonce(ctx, name, key, bearer, url)) if target.dpop_nonce else None
+                make_proofs = ProofFiles(ctx, key, bearer, url, ctx.run_dir / f"{name}-proofs", nonce_of)
                 for run_name in ["warmup"] + [str(i) for i in range(1, ctx.rounds + 1)]:
-                    count = ((ctx.warmup if run_name == "warmup" else ctx.duration) + 2) * ctx.dpop_rate
-                    r = subprocess.run([ctx.venv_py, str(SEALED_PY), "proofs", "--key", str(ctx.run_dir / f"{name}-dpop-key.pem"),
-                                        "--token", bearer, "--url", f"http://127.0.0.1:{port}/api/data", "--count", str(count),
-                                        "--first", str(first), "--out", f"{proofs}-{run_name}"], stdout=sys.stderr)
-                    if r.returncode:
-                        reason = "the DPoP proofs could not be made"
+                    if not make_proofs(run_name):
+                        reason = make_proofs.problem
                         break
-                    first += count
             else:
                 reason = gatehouse.warm_up(ctx, name, port, "/api", bearer)
         if reason:
             ctx.children.stop(p)
             p = None
     side = gatehouse.gh_side(ctx, "gatehouse", p, reason, f"http://127.0.0.1:{port}/api/data", name, header=header,
-                        proofs=proofs, counts=ctx.counts_url if not ctx.stack_failed else None)
+                             proofs=make_proofs, counts=ctx.counts_url if not ctx.stack_failed else None)
     rounds.run_target(ctx, target, sides + [side])
     return p
+
+
+def fetch_nonce(ctx, name, key, bearer, url):
+    """The instance's DPoP nonce (sealed.py nonce: the DPoP-Nonce of the 401 to a proof without
+    one): (nonce, "") or ("", why not)."""
+    r = subprocess.run([ctx.venv_py, str(SEALED_PY), "nonce", "--key", str(key), "--token", bearer, "--url", url],
+                       stdout=subprocess.PIPE, text=True)
+    value = r.stdout.strip()
+    if r.returncode or not value:
+        warn(f"gatehouse '{name}': no DPoP nonce from a proof without one; last 30 lines of its log:")
+        log_tail(ctx.run_dir / f"gatehouse-{name}.log")
+        return "", "the instance gave no DPoP-Nonce (a 401 use_dpop_nonce) to a proof without one"
+    say(f"gatehouse '{name}': its DPoP nonce ({len(value)} characters) goes in the proofs of the next run")
+    return value, ""
+
+
+class ProofFiles:
+    """The proofs of a DPoP target, one file per run (`{base}-{run name}`), each proof used once:
+    made by sealed.py proofs, DPOP_RATE per second of the run and 2 s more, their jti numbers
+    never overlapping between files; nonce_of: for an instance that requires its nonce, how to
+    get a current one ((nonce, "") or ("", why not)), asked for each file. Called with a run name:
+    the file, made on the first call, or None (`problem` says why)."""
+
+    def __init__(self, ctx, key, bearer, url, base, nonce_of=None):
+        self.ctx, self.key, self.bearer, self.url, self.base, self.nonce_of = ctx, key, bearer, url, base, nonce_of
+        self.first = 0
+        self.made = {}
+        self.problem = ""
+
+    def __call__(self, run_name):
+        if run_name in self.made:
+            return self.made[run_name]
+        ctx = self.ctx
+        self.made[run_name] = None
+        nonce = ""
+        if self.nonce_of:
+            nonce, self.problem = self.nonce_of()
+            if self.problem:
+                return None
+        count = ((ctx.warmup if run_name == "warmup" else ctx.duration) + 2) * ctx.dpop_rate
+        out = f"{self.base}-{run_name}"
+        r = subprocess.run([ctx.venv_py, str(SEALED_PY), "proofs", "--key", str(self.key), "--token", self.bearer, "--url", self.url,
+                            "--count", str(count), "--first", str(self.first), "--out", out]
+                           + (["--nonce", nonce] if nonce else []), stdout=sys.stderr)
+        self.first += count
+        if r.returncode:
+            self.problem = "the DPoP proofs could not be made"
+            return None
+        self.made[run_name] = out
+        return out
 
 
 def storm(ctx, sealed1):

@@ -117,7 +117,8 @@ class Results:
         self.fa_decision = ""   # forward-auth: Gatehouse's answer to a decision asked directly, before the load
         self.fa_refusal = ""    # the same without a token
         self.fa_notes = []
-        self.profile = {}
+        self.profile = {}       # target -> its perf profile (perf_buckets.py's table)
+        self.profile_how = {}   # target -> which run it is of (the last round, or an extra one after a missed goal)
         self.wrk_shown = {}     # "target/side" -> command
         self._summary = {}
 

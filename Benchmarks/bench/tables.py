@@ -1,8 +1,8 @@
 """The report's tables, from the Results: the main table (each wrk target, Gatehouse against nginx,
-with its goal), the forward-auth table, Gatehouse against each reference proxy, the token
-endpoint's overhead and the refresh capacity."""
+with its goal), the bound tokens against the bearer token, the forward-auth table, Gatehouse
+against each reference proxy, the token endpoint's overhead and the refresh capacity."""
 
-from .goals import TOKEN_GOAL_MS, TOKEN_GOAL_PCT, fa_cpu
+from .goals import BEARER, GOALS, TOKEN_GOAL_MS, TOKEN_GOAL_PCT, TOKEN_PASSTHROUGH_MS, fa_cpu, judge, token_row
 from .stats import SPREAD_FLAG, fmt_ms, mib, spread_text
 from .targets import FA_CACHED_RATIO, FA_MAX_AGE, FRONT, FRONTS, GH_ROW, PEER, TARGET
 
@@ -119,12 +119,6 @@ def main_table(ctx, targets):
         if s and s.get("rps") and cur and cur.get("rps"):
             lines.append(f"- {TARGET[sealed].label} vs passthrough GET (Gatehouse): requests/s {s['rps'] / cur['rps']:.2f}×, "
                          f"p99 {s['p99'] - cur['p99']:+.2f} ms")
-    bound, bearer = r.side("dpop", "gatehouse"), r.side("sealed-sqlite", "gatehouse")
-    if bound and bearer and bound.get("rps") and bearer.get("rps"):
-        cpu = (f", CPU {bound['cpu'] - bearer['cpu']:+.1f} µs/request" if bound.get("cpu") is not None and bearer.get("cpu") is not None else "")
-        lines.append(f"- DPoP-bound vs bearer (sealed, SQLite; the same store): requests/s {bound['rps'] / bearer['rps']:.2f}× "
-                     f"({bound['rps']:,.0f} / {bearer['rps']:,.0f}; goal ≥ 0.6×), p50 {bound['p50'] - bearer['p50']:+.3f} ms, "
-                     f"p99 {bound['p99'] - bearer['p99']:+.2f} ms{cpu}")
     direct = r.side("direct", "nginx")
     if direct and direct.get("rps") is not None:
         lines.append(f"- nginx direct (wrk → backend, no proxy; the ceiling): {direct['rps']:,.0f} requests/s, p50 {fmt_ms(direct['p50'])} ms, "
@@ -147,6 +141,67 @@ def main_table(ctx, targets):
             body += (f"| {inst['name']} | {inst['targets']} | {inst['ready_ms']} ms | {mib(inst['rss_ready_kib'])} | "
                      f"{mib(rss_max)} | {mib(hwm)} |\n")
     return body
+
+
+BOUND_ROWS = [  # (target, row, replay protection, its goal ids)
+    (BEARER, "sealed bearer token (`gha_`)", "none (a bearer token has no proof)", ()),
+    ("dpop", "DPoP-bound (`ghd_`), store", "the store: every proof id written before the backend is asked", ("dpop",)),
+    ("dpop-nonce", "DPoP-bound (`ghd_`), instance nonces", "the instance's own jti set (it accepts only its nonces): no store write",
+     ("dpop-nonce", "dpop-nonce-cpu")),
+]
+
+
+def bound_table(results):
+    """The bound tokens against the sealed bearer token (all on SQLite), a row per target that ran
+    or failed: Gatehouse's requests/s, CPU µs per request and p50/p99, each × the bearer row, and
+    the goals' verdicts; "" when no DPoP target ran."""
+    r = results
+    if not any((t, "gatehouse") in r.runs or (t, "gatehouse") in r.failed for t, *_ in BOUND_ROWS[1:]):
+        return ""
+    out = ["### Bound tokens: DPoP against the bearer token (sealed, SQLite)", "",
+           "Gatehouse's rows of the targets `sealed-sqlite`, `dpop` and `dpop-nonce` (each its own instance, same configuration "
+           "but for `dpop:`; a fresh proof per request, made beforehand; nginx's rows of the same rounds in the main table).", "",
+           "| row | replay protection | req/s | × bearer | CPU µs/req | CPU × bearer | p50 ms | p99 ms | goal | result |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    notes = []
+    bearer = r.side(BEARER, "gatehouse")
+    goal_of = {g.id: g for g in GOALS}
+    for target, label, replay, goal_ids in BOUND_ROWS:
+        s, failed = r.side(target, "gatehouse"), r.failed.get((target, "gatehouse"))
+        if s is None and not failed:
+            continue
+        has = bool(s and s.get("rps") is not None)
+        has_bearer = bool(bearer and bearer.get("rps"))
+        cpu = s.get("cpu") if has else None
+        bearer_cpu = bearer.get("cpu") if has_bearer else None
+        cells = [label, replay,
+                 (f"{s['rps']:,.0f}" + ("" if s["valid"] else " (INVALID)")) if has else ("skipped" if (failed or "").startswith("skipped") else "FAILED" if failed else "-"),
+                 f"{s['rps'] / bearer['rps']:.2f}×" if has and has_bearer and target != BEARER else "-",
+                 f"{cpu:.1f}" if cpu is not None else "-",
+                 f"{cpu / bearer_cpu:.2f}×" if cpu is not None and bearer_cpu and target != BEARER else "-",
+                 fmt_ms(s["p50"]) if has else "-", fmt_ms(s["p99"]) if has else "-"]
+        if target == BEARER:
+            goal, result = "reference", "reference"
+        else:
+            verdicts = [(goal_of[g], judge(goal_of[g], r)) for g in goal_ids]
+            goal = "; ".join(goal_text(g) for g, _ in verdicts)
+            result = "; ".join(verdict.strip("*") + ("" if verdict in ("met", "reported", "not measured") else f" ({text})")
+                               for _, (text, verdict) in verdicts)
+        if failed:
+            result = "skipped" if failed.startswith("skipped") else "FAILED"
+            notes.append(f"- {label}: {result} ({failed.removeprefix('skipped: ')})")
+        out.append("| " + " | ".join(cells + [goal, result]) + " |")
+        if s:
+            notes += run_notes(label, s)
+    return "\n".join(out) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
+
+
+def goal_text(goal):
+    """A bound row's goal, short: ≥ 0.6× req/s, ≤ 2× CPU, or reported."""
+    if goal.threshold is None:
+        return "reported"
+    what = "CPU" if goal.id.endswith("-cpu") else "req/s"
+    return f"{ {'>=': '≥', '<=': '≤'}.get(goal.op, goal.op)} {goal.threshold:g}× {what}"
 
 
 def forward_auth_table(ctx):
@@ -279,19 +334,36 @@ def token_table(ctx):
            f"sealed app (Gatehouse rotates its own refresh token in its store; no upstream call). Sequential: {ctx.token_sequential} "
            f"refreshes on one chain; concurrent: {ctx.token_concurrency} chains for {ctx.duration} s. One Python client (threads, "
            f"keep-alive http.client) for every row. Goal per row: Gatehouse adds ≤ {TOKEN_GOAL_PCT:g} % or ≤ {TOKEN_GOAL_MS:g} ms to "
-           "the direct median (concurrent: also the rate's shortfall in %).", "",
+           "the direct median (concurrent: also the rate's shortfall in %); the passthrough app, sequential, on SQLite: also "
+           f"≤ +{TOKEN_PASSTHROUGH_MS:g} ms (`token-passthrough-sqlite`). Sequential rows run in turn, in slices (interleaved)"
+           + (f"; the baseline binary's passthrough row (`BASELINE_BIN`, its own instance, same configuration) among them, on SQLite"
+              if ctx.baseline else "") + ".", "",
            "| store | mode | row | refreshes | errors | refreshes/s | median ms | p99 ms | vs direct | result |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in r.token_rows:
         vs = "-"
         if row.get("overhead_ms") is not None:
             vs = f"{row['overhead_ms']:+.2f} ms, {row['overhead_pct']:+.0f} %" + (f", rate {row['rate_ratio']:.2f}×" if row.get("rate_ratio") else "")
-        result = "-" if row.get("met") is None else ("met" if row["met"] else "missed")
+        result = "reported (baseline binary)" if row.get("baseline") else "-" if row.get("met") is None else ("met" if row["met"] else "missed")
         out.append(f"| {row['store']} | {row['mode']} | {row['side']} | {row['ok']:,} | {row['errors']} | {row['rate']:,.0f} | "
                    f"{fmt_ms(row['p50']) if row['p50'] is not None else '-'} | {fmt_ms(row['p99']) if row['p99'] is not None else '-'} | {vs} | {result} |")
         if row.get("first_error"):
             r.token_notes.append(f"- {row['row']}: first error: {row['first_error']}")
-    return "\n".join(out + [""] + r.token_notes) + "\n"
+    line = token_baseline_line(r.token_rows)
+    return "\n".join(out + [""] + ([line] if line else []) + r.token_notes) + "\n"
+
+
+def token_baseline_line(rows):
+    """The current binary's sequential passthrough refresh on SQLite against the baseline binary's,
+    or None when the baseline row did not run."""
+    base = next((row for row in rows if row.get("baseline") and row.get("store") == "SQLite" and row.get("mode") == "sequential"), None)
+    cur = token_row(rows, "SQLite", "sequential", "passthrough app")
+    if not base:
+        return None
+    if not cur or cur.get("p50") is None or base.get("p50") is None:
+        return "- current vs baseline binary (passthrough refresh, sequential, SQLite): n/a (a row refreshed nothing)"
+    return (f"- current vs baseline binary (passthrough refresh, sequential, SQLite): median {cur['p50']:.3f} vs {base['p50']:.3f} ms "
+            f"({cur['p50'] - base['p50']:+.3f} ms), p99 {cur['p99']:.3f} vs {base['p99']:.3f} ms")
 
 
 def capacity_table(ctx):

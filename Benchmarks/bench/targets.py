@@ -31,6 +31,10 @@ class Target:
     pg: bool = False              # needs PostgreSQL
     gatehouse_only: bool = False  # has no reference side (not with --only nginx)
     fronts: tuple = ()            # forward-auth fronts (FRONTS names) measured in the same rounds
+    dpop: bool = False            # a DPoP-bound token (ghd_) and a fresh proof per request, made beforehand
+    dpop_lines: tuple = ()        # lines under `dpop:` added to its instance's configuration
+    dpop_nonce: bool = False      # its proofs carry the instance's nonce (fetched from a 401 after the sign-in)
+    profile_goals: tuple = ()     # goal ids: when one is missed, an extra run under perf (not counted) is profiled
     what: str = ""
 
 
@@ -49,8 +53,13 @@ TARGETS = [
            what="`GET /api/data`, sealed `gha_` token, `store: sqlite`"),
     Target("sealed-pg", "sealed, PostgreSQL", instance="sealed-pg", ratio=0.75, stack=True, pg=True,
            what="`GET /api/data`, sealed `gha_` token, `store: postgres`"),
-    Target("dpop", "DPoP-bound, SQLite", instance="dpop", stack=True,
-           what="`GET /api/data`, `ghd_` token bound to an ES256 key, a fresh proof per request"),
+    Target("dpop", "DPoP-bound, SQLite", instance="dpop", stack=True, dpop=True,
+           what="`GET /api/data`, `ghd_` token bound to an ES256 key, a fresh proof per request (replay protection: the store)"),
+    Target("dpop-nonce", "DPoP-bound, instance nonces, SQLite", instance="dpop-nonce", stack=True, dpop=True,
+           dpop_lines=("replay_protection: instance_nonce", "nonce_epoch: 10m", "replay_cache_entries: 2000000"),
+           dpop_nonce=True, profile_goals=("dpop-nonce", "dpop-nonce-cpu"),
+           what="`GET /api/data`, `ghd_` token bound to an ES256 key, a fresh proof per request carrying the instance's nonce "
+                "(replay protection: the instance's own jti set, no store write)"),
     Target("footprint", "identity cache, 1 M entries", kind="footprint", gatehouse_only=True),
     Target("storm", "refresh storm", kind="storm", stack=True, pg=True, gatehouse_only=True),
     Target("token", "token endpoint overhead", kind="token", stack=True, pg=True, gatehouse_only=True),
@@ -65,8 +74,9 @@ TARGET = {t.name: t for t in TARGETS}
 GROUPS = {
     "relay": ["passthrough", "post", "tls"],
     "sealed": ["sealed-sqlite", "sealed-pg"],
-    "bound": ["sealed-sqlite", "dpop"],
-    "all": ["passthrough", "post", "tls", "forward-auth", "sealed-sqlite", "sealed-pg", "dpop", "footprint", "storm", "token", "capacity"],
+    "bound": ["sealed-sqlite", "dpop", "dpop-nonce"],
+    "all": ["passthrough", "post", "tls", "forward-auth", "sealed-sqlite", "sealed-pg", "dpop", "dpop-nonce", "footprint", "storm",
+            "token", "capacity"],
 }
 
 

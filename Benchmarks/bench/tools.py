@@ -47,6 +47,8 @@ def tools(ctx):
     if ctx.profile and not shutil.which("perf"):
         missing.append("linux-perf")
     optional = [p.package for p in wanted_peers if not which(p.binaries)]
+    if not ctx.profile and not shutil.which("perf") and any(t.profile_goals for t in ctx.targets):
+        optional.append("linux-perf")  # a missed goal of such a target is profiled (without perf: a note)
     if ctx.needs_pg and not (shutil.which("psql") and list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))):
         optional += ["postgresql", "postgresql-client"]
     if missing or optional:

@@ -59,15 +59,46 @@ def test_access_log_cost():
     assert judge(goal("access-log"), r)[1] == "**missed**"
 
 
-def test_dpop_against_the_sealed_bearer_token():
+def bound(dpop_rps=None, nonce_rps=None, bearer_rps=1000, dpop_cpu=None, nonce_cpu=None, bearer_cpu=None, **invalid):
+    """Results of the bearer token (sealed-sqlite) and the DPoP targets' Gatehouse rows."""
     r = Results()
-    r.runs[("dpop", "gatehouse")] = [wrk_run(600)]
-    r.runs[("sealed-sqlite", "gatehouse")] = [wrk_run(1000)]
-    assert judge(goal("dpop"), r) == ("0.60×", "met")
-    r = Results()
-    r.runs[("dpop", "gatehouse")] = [wrk_run(500, non2xx=1)]  # invalid: still compared, from the medians
-    r.runs[("sealed-sqlite", "gatehouse")] = [wrk_run(1000)]
-    assert judge(goal("dpop"), r) == ("0.50×", "**missed**")
+    r.runs[("sealed-sqlite", "gatehouse")] = [wrk_run(bearer_rps, cpu=bearer_cpu, **invalid.get("bearer", {}))]
+    if dpop_rps is not None:
+        r.runs[("dpop", "gatehouse")] = [wrk_run(dpop_rps, cpu=dpop_cpu, **invalid.get("dpop", {}))]
+    if nonce_rps is not None:
+        r.runs[("dpop-nonce", "gatehouse")] = [wrk_run(nonce_rps, cpu=nonce_cpu, **invalid.get("nonce", {}))]
+    return r
+
+
+def test_ratio_of_across_targets():
+    r = bound(nonce_rps=700, nonce_cpu=90.0, bearer_cpu=60.0)
+    assert ratio_of(r, "dpop-nonce", "gatehouse", "gatehouse", ref_target="sealed-sqlite") == pytest.approx(0.7)
+    assert ratio_of(r, "dpop-nonce", "gatehouse", "gatehouse", key="cpu", ref_target="sealed-sqlite") == pytest.approx(1.5)
+    assert ratio_of(r, "dpop-nonce", "gatehouse", "sealed-sqlite") is None  # without ref_target: the same target's side
+
+
+def test_the_store_mode_is_reported_only():
+    assert goal("dpop").threshold is None and "store" in goal("dpop").text
+    assert judge(goal("dpop"), bound(dpop_rps=300)) == ("0.30×", "reported")
+    # an invalid side is still compared, from the medians as they are
+    assert judge(goal("dpop"), bound(dpop_rps=500, dpop={"non2xx": 1})) == ("0.50×", "reported")
+    assert judge(goal("dpop"), bound(nonce_rps=700)) == ("not measured", "not measured")
+
+
+def test_instance_nonces_against_the_sealed_bearer_token():
+    assert judge(goal("dpop-nonce"), bound(nonce_rps=600)) == ("0.60×", "met")
+    assert judge(goal("dpop-nonce"), bound(nonce_rps=599)) == ("0.60×", "**missed**")  # 0.599: below, though shown rounded
+    assert judge(goal("dpop-nonce"), bound(nonce_rps=500, nonce={"non2xx": 1})) == ("0.50×", "**missed**")
+    assert judge(goal("dpop-nonce"), bound(dpop_rps=900)) == ("not measured", "not measured")
+
+
+def test_instance_nonces_cpu_per_request():
+    assert judge(goal("dpop-nonce-cpu"), bound(nonce_rps=700, nonce_cpu=120.0, bearer_cpu=60.0)) == (
+        "2.00× (120.0 / 60.0 µs per request)", "met")
+    assert judge(goal("dpop-nonce-cpu"), bound(nonce_rps=700, nonce_cpu=121.0, bearer_cpu=60.0))[1] == "**missed**"
+    # the CPU goal needs both sides valid and measured
+    assert judge(goal("dpop-nonce-cpu"), bound(nonce_rps=700, nonce_cpu=90.0))[1] == "not measured"
+    assert judge(goal("dpop-nonce-cpu"), bound(nonce_rps=700, nonce_cpu=90.0, bearer_cpu=60.0, nonce={"non2xx": 1}))[1] == "not measured"
 
 
 def test_a_reported_goal_has_no_verdict():
@@ -128,6 +159,42 @@ def test_token_goal_reads_the_rows():
                     {"row": "SQLite, concurrent, sealed app", "overhead_pct": 35.0, "overhead_ms": 2.0, "met": False}]
     assert judge(goal("token-overhead"), r) == ("worst +35 % / +2.00 ms (SQLite, concurrent, sealed app); 1 of 2 rows over",
                                                 "**missed**")
+
+
+def token_rows(pass_p50=3.0, direct_p50=2.2, errors=0, store="SQLite", mode="sequential"):
+    direct = {"row": f"{store}, {mode}, direct (upstream)", "store": store, "mode": mode, "side": "direct (upstream)",
+              "ok": 200, "errors": 0, "p50": direct_p50, "p99": 4.0, "rate": 400.0}
+    res = {"ok": 200, "errors": errors, "p50": pass_p50, "p99": 5.0, "rate": 300.0}
+    row = {"row": f"{store}, {mode}, passthrough app", "store": store, "mode": mode, "side": "passthrough app", **res,
+           **token_overhead(res, direct, concurrent=mode == "concurrent")}
+    return [direct, row]
+
+
+def test_token_passthrough_on_sqlite_within_a_millisecond():
+    r = Results()
+    r.token_rows = token_rows(pass_p50=3.0, direct_p50=2.2)
+    assert judge(goal("token-passthrough-sqlite"), r) == ("+0.80 ms (median 3.00 vs 2.20 ms direct)", "met")
+    r.token_rows = token_rows(pass_p50=3.3, direct_p50=2.2)
+    assert judge(goal("token-passthrough-sqlite"), r) == ("+1.10 ms (median 3.30 vs 2.20 ms direct)", "**missed**")
+    r.token_rows = token_rows(pass_p50=2.5, direct_p50=2.2, errors=2)
+    assert judge(goal("token-passthrough-sqlite"), r) == ("+0.30 ms (median 2.50 vs 2.20 ms direct); 2 errors", "**missed**")
+
+
+def test_token_passthrough_reads_only_the_sequential_sqlite_row():
+    r = Results()
+    r.token_rows = token_rows(store="PostgreSQL") + token_rows(pass_p50=9.0, mode="concurrent")
+    assert judge(goal("token-passthrough-sqlite"), r) == ("not measured", "not measured")
+    r.token_rows += token_rows(pass_p50=2.0, direct_p50=2.2)
+    assert judge(goal("token-passthrough-sqlite"), r) == ("-0.20 ms (median 2.00 vs 2.20 ms direct)", "met")
+
+
+def test_the_baseline_row_is_not_judged_by_the_token_goal():
+    r = Results()
+    r.token_rows = token_rows(pass_p50=2.3, direct_p50=2.2)
+    r.token_rows.append({"row": "SQLite, sequential, passthrough app, baseline binary", "store": "SQLite", "mode": "sequential",
+                         "side": "passthrough app, baseline binary", "overhead_pct": 500.0, "overhead_ms": 9.0, "met": None,
+                         "baseline": True})
+    assert judge(goal("token-overhead"), r)[1] == "met"
 
 
 def test_goals_table_has_a_row_per_goal():

@@ -40,8 +40,49 @@ def test_every_template_and_fixture_is_there():
 def test_select_keeps_the_order_of_the_targets():
     assert names("tls,passthrough") == (["passthrough", "tls"], False)
     assert names("relay") == (["passthrough", "post", "tls"], False)
-    assert names("sealed,bound") == (["sealed-sqlite", "sealed-pg", "dpop"], False)
+    assert names("sealed,bound") == (["sealed-sqlite", "sealed-pg", "dpop", "dpop-nonce"], False)
     assert names("all")[0] == GROUPS["all"]
+
+
+def test_the_dpop_targets():
+    """Both DPoP targets are in `bound` and `all`, after the bearer token they are compared with;
+    only the instance-nonce one changes its instance's `dpop:` section and asks for nonces."""
+    for group in ("bound", "all"):
+        assert {"dpop", "dpop-nonce"} <= set(GROUPS[group])
+        assert GROUPS[group].index("sealed-sqlite") < GROUPS[group].index("dpop") < GROUPS[group].index("dpop-nonce")
+    store, nonce = TARGET["dpop"], TARGET["dpop-nonce"]
+    assert store.dpop and not store.dpop_lines and not store.dpop_nonce and not store.profile_goals
+    assert nonce.dpop and nonce.dpop_nonce and nonce.stack and not nonce.pg
+    assert dict(line.split(": ") for line in nonce.dpop_lines) == {
+        "replay_protection": "instance_nonce", "nonce_epoch": "10m", "replay_cache_entries": "2000000"}
+    assert not TARGET["sealed-sqlite"].dpop
+
+
+def test_every_profile_goal_is_a_goal():
+    from bench.goals import GOALS
+    ids = {g.id for g in GOALS}
+    for t in TARGETS:
+        assert set(t.profile_goals) <= ids, t.name
+    assert TARGET["dpop-nonce"].profile_goals == ("dpop-nonce", "dpop-nonce-cpu")
+
+
+def rendered_sealed(tmp_path, dpop_lines):
+    """gatehouse-sealed.yaml.in rendered as bench.stack.start_sealed does (render refuses a placeholder left), parsed."""
+    import yaml
+    from bench.processes import render
+    from bench.stack import dpop_section
+    values = {"GATEHOUSE_PORT": 8080, "STORE": "sqlite_path: /tmp/x.sqlite", "KEYS_FILE": "/tmp/keys", "UPSTREAM_URL": "http://u",
+              "TOKEN_ENDPOINT": "http://u/o/token/", "BACKEND_PORT": 8081, "DPOP": dpop_section(dpop_lines)}
+    render(BENCH_DIR / "gatehouse-sealed.yaml.in", tmp_path / "g.yaml", values)
+    return yaml.safe_load((tmp_path / "g.yaml").read_text())
+
+
+def test_the_sealed_configuration_takes_a_targets_dpop_lines(tmp_path):
+    assert rendered_sealed(tmp_path, ())["dpop"] == {"proof_lifetime": "300s"}
+    nonce = rendered_sealed(tmp_path, TARGET["dpop-nonce"].dpop_lines)
+    assert nonce["dpop"] == {"proof_lifetime": "300s", "replay_protection": "instance_nonce", "nonce_epoch": "10m",
+                             "replay_cache_entries": 2000000}
+    assert nonce["routes"][0]["prefix"] == "/api" and nonce["server"]["port"] == 8080  # the rest as it was
 
 
 def test_select_nginx_only():

@@ -120,4 +120,78 @@ struct DPoPTests {
         #expect(!cache.firstUse("k999", until: Self.now.addingTimeInterval(600), now: Self.now))
         #expect(cache.firstUse("k0", until: Self.now.addingTimeInterval(600), now: Self.now))
     }
+
+    // MARK: Instance-bound nonces (`dpop.replay_protection: instance_nonce`)
+
+    @Test func anInstanceBoundNonceIsGoodOnlyInItsProcessItsEpochAndTheNext() throws {
+        let nonces = DPoPNonces.instanceBound(epoch: 15)
+        let nonce = nonces.current(now: Self.now)
+        let epoch = nonces.epoch(at: Self.now)
+        #expect(nonces.epoch(of: nonce, now: Self.now) == epoch)
+        // The proof carries the epoch it was made in.
+        #expect(try verify(Signer().proof(nonce: nonce), nonces: nonces).nonceEpoch == epoch)
+        // Rolled over once: still good; twice: gone, and the proof is asked for the current nonce.
+        let next = nonces.end(of: epoch)
+        #expect(nonces.epoch(of: nonce, now: next) == epoch)
+        #expect(nonces.epoch(of: nonce, now: nonces.end(of: epoch + 1)) == nil)
+        do {
+            _ = try DPoPProof.verify(Signer().proof(iat: nonces.end(of: epoch + 1).timeIntervalSince1970, nonce: nonce), method: "GET",
+                                     url: Self.url, accessToken: nil, now: nonces.end(of: epoch + 1), lifetime: 60, nonces: nonces)
+            Issue.record("a nonce two epochs old passed")
+        } catch {
+            #expect(error.useNonce)
+        }
+        // Another process (another instance, or this one after a restart) never accepts it.
+        let other = DPoPNonces.instanceBound(epoch: 15)
+        #expect(other.epoch(at: Self.now) == epoch)
+        #expect(other.epoch(of: nonce, now: Self.now) == nil)
+        #expect(nonces.epoch(of: other.current(now: Self.now), now: Self.now) == nil)
+        // Nor does a shared nonce of the same epoch under another key pass here, or one from the future.
+        #expect(nonces.epoch(of: nonces.current(now: next.addingTimeInterval(15)), now: Self.now) == nil)
+    }
+
+    @Test func aForgedInstanceNonceIsRefused() {
+        let nonces = DPoPNonces.instanceBound(epoch: 15)
+        let nonce = nonces.current(now: Self.now)
+        var bytes = [UInt8](Base64URL.decode(nonce)!)
+        // The epoch is readable: naming the current one with another MAC, or flipping a MAC bit, fails.
+        bytes[23] ^= 1
+        #expect(nonces.epoch(of: Base64URL.encode(Data(bytes)), now: Self.now) == nil)
+        #expect(nonces.epoch(of: Base64URL.encode(Data(bytes.prefix(8)) + Data(repeating: 0, count: 16)), now: Self.now) == nil)
+        for forged in ["", "x", String(repeating: "A", count: 32), nonce + "A", String(nonce.dropLast()), nonce.uppercased()] where forged != nonce {
+            #expect(nonces.epoch(of: forged, now: Self.now) == nil, "\(forged)")
+        }
+    }
+
+    @Test func theEpochSetAnswersAloneUntilItOverflows() {
+        let set = EpochReplaySet(maximumEntries: 3)
+        #expect(set.firstUse("k:a", epoch: 10, current: 10) == .fresh)
+        #expect(set.firstUse("k:a", epoch: 10, current: 10) == .replayed)
+        // The same id under another epoch is another proof (its nonce differs).
+        #expect(set.firstUse("k:a", epoch: 9, current: 10) == .fresh)
+        #expect(set.firstUse("k:b", epoch: 10, current: 10) == .fresh)
+        // Full: not remembered, and the epoch can no longer answer alone for anything new.
+        #expect(set.firstUse("k:c", epoch: 10, current: 10) == .unknown)
+        #expect(set.firstUse("k:c", epoch: 10, current: 10) == .unknown)
+        #expect(set.firstUse("k:a", epoch: 10, current: 10) == .replayed)
+        // The epoch before the previous one goes whole when a new epoch begins: room again, but
+        // epoch 10 stays incomplete (what it did not remember, the store holds).
+        #expect(set.firstUse("k:d", epoch: 11, current: 11) == .fresh)
+        #expect(set.count == 3)
+        #expect(set.firstUse("k:e", epoch: 12, current: 12) == .fresh)
+        #expect(set.count == 2)
+        #expect(set.firstUse("k:c", epoch: 10, current: 12) == .unknown)
+        #expect(set.firstUse("k:f", epoch: 11, current: 12) == .fresh)
+        #expect(set.isRemembered("k:f", epoch: 11))
+        #expect(!set.isRemembered("k:f", epoch: 12))
+    }
+
+    @Test func theEpochSetLetsOneOfManyConcurrentUsesThrough() async {
+        let set = EpochReplaySet(maximumEntries: 1000)
+        let fresh = await withTaskGroup(of: Bool.self) { group in
+            for _ in 0..<64 { group.addTask { set.firstUse("k:race", epoch: 5, current: 5) == .fresh } }
+            return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+        }
+        #expect(fresh == 1)
+    }
 }

@@ -156,6 +156,8 @@ extension GatehouseConfiguration {
         settings.requireNonce = map.bool("nonce") ?? false
         settings.proofLifetime = map.duration("proof_lifetime", in: .seconds(5)...(.seconds(600))) ?? settings.proofLifetime
         settings.replayCacheEntries = map.integer("replay_cache_entries", in: 1000...10_000_000) ?? settings.replayCacheEntries
+        settings.replayProtection = map.choice("replay_protection", default: DPoPSettings.ReplayProtection.store)
+        settings.nonceEpoch = map.duration("nonce_epoch", in: .seconds(2)...(.seconds(600))) ?? settings.nonceEpoch
         map.finish()
         return settings
     }

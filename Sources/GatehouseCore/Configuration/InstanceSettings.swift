@@ -127,18 +127,38 @@ public struct WebviewSettings: Sendable {
 
 /// Checks of DPoP proofs (`dpop:`).
 public struct DPoPSettings: Sendable {
+    /// How a proof's `jti` is kept from being accepted twice (`dpop.replay_protection`).
+    public enum ReplayProtection: String, Sendable, CaseIterable {
+        /// Every proof id is written to the store, and found new there, before the request goes
+        /// on: the guarantee holds on any deployment, whatever routes requests to which instance.
+        case store
+        /// Every proof carries a nonce this very process gave out (its key is made at start) in
+        /// a live epoch: its memory of the proof ids of those epochs is complete, and no store
+        /// write is needed. A request must reach the instance whose nonce it carries.
+        case instanceNonce = "instance_nonce"
+    }
+
     /// Every proof must carry a fresh server nonce (`DPoP-Nonce`, RFC 9449 §8 and §9).
     public var requireNonce: Bool
     /// How far a proof's `iat` may be from now, either way.
     public var proofLifetime: Duration
     /// Proof ids (`jti`) remembered in memory per instance (the store remembers them across instances).
     public var replayCacheEntries: Int
+    public var replayProtection: ReplayProtection
+    /// `instance_nonce`: how long one nonce epoch lasts; a nonce is accepted in its epoch and the next.
+    public var nonceEpoch: Duration
 
-    public init(requireNonce: Bool = false, proofLifetime: Duration = .seconds(60), replayCacheEntries: Int = 100_000) {
+    public init(requireNonce: Bool = false, proofLifetime: Duration = .seconds(60), replayCacheEntries: Int = 100_000,
+                replayProtection: ReplayProtection = .store, nonceEpoch: Duration = .seconds(15)) {
         self.requireNonce = requireNonce
         self.proofLifetime = proofLifetime
         self.replayCacheEntries = replayCacheEntries
+        self.replayProtection = replayProtection
+        self.nonceEpoch = nonceEpoch
     }
+
+    /// Whether every proof needs a server nonce: `dpop.nonce`, or instance-bound nonces.
+    public var noncesRequired: Bool { requireNonce || replayProtection == .instanceNonce }
 }
 
 /// The client ids of registered instances: `<app client_id>~<random>`. A configured client id

@@ -2,27 +2,62 @@ public import Crypto
 public import Foundation
 import Synchronization
 
-/// Server nonces for DPoP proofs (RFC 9449 §8), stateless: a nonce is the time step and an
-/// HMAC of it under a key every instance derives from the session key ring, so any instance
-/// accepts a nonce another gave out. A nonce is good for its step and the next.
+/// Server nonces for DPoP proofs (RFC 9449 §8): a nonce is an epoch (a time step) and an HMAC of
+/// it. A nonce is good in its epoch and the next.
+///
+/// - `shared(key:lifetime:)`: the key is derived from the session key ring, so every instance
+///   accepts a nonce another gave out (`dpop.nonce: true` with the `store` replay protection).
+/// - `instanceBound(epoch:)`: the key is made at random when the process starts and never leaves
+///   it, so only this process, in this life, accepts its nonces: a proof carrying one can only
+///   have been used here, since this start (`dpop.replay_protection: instance_nonce`).
 public struct DPoPNonces: Sendable {
     private let key: SymmetricKey
     private let step: TimeInterval
+    /// Whether the key is this process's own (`instanceBound`).
+    public let isInstanceBound: Bool
 
     public init(key: SymmetricKey, lifetime: TimeInterval) {
+        self.init(key: key, step: lifetime, instanceBound: false)
+    }
+
+    private init(key: SymmetricKey, step: TimeInterval, instanceBound: Bool) {
         self.key = key
-        self.step = max(1, lifetime)
+        self.step = max(1, step)
+        self.isInstanceBound = instanceBound
+    }
+
+    /// Nonces only this process accepts, under a key made now, epochs of `epoch` seconds.
+    public static func instanceBound(epoch: TimeInterval) -> DPoPNonces {
+        DPoPNonces(key: SymmetricKey(size: .bits256), step: epoch, instanceBound: true)
+    }
+
+    /// The epoch `now` is in.
+    public func epoch(at now: Date) -> Int64 {
+        Int64((now.timeIntervalSince1970 / step).rounded(.down))
+    }
+
+    /// When an epoch ends.
+    public func end(of epoch: Int64) -> Date {
+        Date(timeIntervalSince1970: Double(epoch + 1) * step)
     }
 
     /// The nonce to hand out now.
     public func current(now: Date) -> String {
-        nonce(step: Int64(now.timeIntervalSince1970 / step))
+        nonce(step: epoch(at: now))
     }
 
     public func isValid(_ nonce: String, now: Date) -> Bool {
-        let current = Int64(now.timeIntervalSince1970 / step)
-        return SecureToken.constantTimeEquals(nonce, self.nonce(step: current))
-            || SecureToken.constantTimeEquals(nonce, self.nonce(step: current - 1))
+        epoch(of: nonce, now: now) != nil
+    }
+
+    /// The epoch a nonce names when it is one of these nonces and still good (its epoch is the
+    /// current one or the one before); `nil` for anything else, forged, expired or another key's.
+    public func epoch(of nonce: String, now: Date) -> Int64? {
+        guard nonce.utf8.count == 32, let bytes = Base64URL.decode(nonce), bytes.count == 24 else { return nil }
+        let named = bytes.prefix(8).reduce(Int64(0)) { $0 << 8 | Int64($1) }
+        let current = epoch(at: now)
+        guard named == current || named == current - 1 else { return nil }
+        return SecureToken.constantTimeEquals(nonce, self.nonce(step: named)) ? named : nil
     }
 
     private func nonce(step: Int64) -> String {
@@ -30,6 +65,92 @@ public struct DPoPNonces: Sendable {
         let mac = HMAC<SHA256>.authenticationCode(for: bytes, using: key)
         return Base64URL.encode(bytes + Data(mac).prefix(16))
     }
+}
+
+/// The proof ids accepted under instance-bound nonces (`DPoPNonces.instanceBound`), one set per
+/// live epoch. A proof is only accepted with a nonce of the current epoch or the one before, and
+/// only this process gave those out, so while an epoch's set holds every proof id accepted under
+/// it, the set alone answers whether a proof is new: no store is asked. When the epoch before
+/// the previous one begins, its set goes whole.
+///
+/// Bounded: past `maximumEntries` live ids, a new proof is not remembered and the epoch is marked
+/// incomplete; from then on every proof of that epoch the set does not hold is `unknown`, and the
+/// caller asks the store (which answers for what memory does not hold). The guarantee never
+/// rests on an entry memory dropped.
+public final class EpochReplaySet: Sendable {
+    public enum Use: Equatable, Sendable {
+        /// Never seen under this epoch; now remembered. Memory is complete for the epoch.
+        case fresh
+        /// Seen before.
+        case replayed
+        /// Memory cannot say (the epoch's set overflowed): ask the store.
+        case unknown
+    }
+
+    /// 128 bits of SHA-256 of the proof's key and `jti`: 16 bytes an entry, whatever their length.
+    private struct Key: Hashable {
+        let high: UInt64
+        let low: UInt64
+
+        init(_ text: String) {
+            let digest = SHA256.hash(data: Data(text.utf8))
+            var high: UInt64 = 0, low: UInt64 = 0
+            for (index, byte) in digest.prefix(16).enumerated() {
+                if index < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+            }
+            self.high = high
+            self.low = low
+        }
+    }
+
+    private struct Epoch {
+        var ids: Set<Key> = []
+        /// A proof of this epoch was accepted without being remembered (the set was full).
+        var incomplete = false
+    }
+
+    private struct State {
+        var epochs: [Int64: Epoch] = [:]
+        var count = 0
+    }
+
+    private let maximumEntries: Int
+    private let state = Mutex(State())
+
+    public init(maximumEntries: Int) {
+        self.maximumEntries = max(1, maximumEntries)
+    }
+
+    /// Spends `key` under the nonce epoch `epoch`, while `current` is the epoch now: epochs
+    /// before `current - 1` are forgotten first (their nonces are no longer accepted).
+    public func firstUse(_ key: String, epoch: Int64, current: Int64) -> Use {
+        let key = Key(key)
+        return state.withLock { state in
+            if state.epochs.keys.contains(where: { $0 < current - 1 }) {
+                for old in Array(state.epochs.keys) where old < current - 1 {
+                    state.count -= state.epochs.removeValue(forKey: old)?.ids.count ?? 0
+                }
+            }
+            guard epoch >= current - 1 else { return .unknown }
+            // Changed in place (`default:`): a copy of the set out of the dictionary would copy it whole.
+            if state.epochs[epoch]?.ids.contains(key) == true { return .replayed }
+            guard state.count < maximumEntries else {
+                state.epochs[epoch, default: Epoch()].incomplete = true
+                return .unknown
+            }
+            state.epochs[epoch, default: Epoch()].ids.insert(key)
+            state.count += 1
+            return state.epochs[epoch]?.incomplete == true ? .unknown : .fresh
+        }
+    }
+
+    /// Whether `key` was spent under `epoch` (nothing is changed).
+    public func isRemembered(_ key: String, epoch: Int64) -> Bool {
+        let key = Key(key)
+        return state.withLock { $0.epochs[epoch]?.ids.contains(key) ?? false }
+    }
+
+    public var count: Int { state.withLock { $0.count } }
 }
 
 /// DPoP proof ids seen lately, in memory, bounded: an entry lasts until its proof could no

@@ -20,6 +20,15 @@ public struct VerifiedDPoPProof: Sendable, Equatable {
     public let thumbprint: String
     public let jti: String
     public let issuedAt: Date
+    /// The epoch of the server nonce the proof carries, when nonces are required (`DPoPNonces`).
+    public let nonceEpoch: Int64?
+
+    public init(thumbprint: String, jti: String, issuedAt: Date, nonceEpoch: Int64? = nil) {
+        self.thumbprint = thumbprint
+        self.jti = jti
+        self.issuedAt = issuedAt
+        self.nonceEpoch = nonceEpoch
+    }
 }
 
 /// DPoP proofs (RFC 9449 §4): a JWT signed by the app's key, naming the request it goes with.
@@ -71,12 +80,14 @@ public enum DPoPProof {
                 throw DPoPProofError("the DPoP proof's ath is not the hash of the access token")
             }
         }
+        var nonceEpoch: Int64?
         if let nonces {
-            guard let nonce = claims["nonce"] as? String, nonces.isValid(nonce, now: now) else {
+            guard let nonce = claims["nonce"] as? String, let epoch = nonces.epoch(of: nonce, now: now) else {
                 throw DPoPProofError("the DPoP proof must carry the server's current nonce", useNonce: true)
             }
+            nonceEpoch = epoch
         }
-        return VerifiedDPoPProof(thumbprint: thumbprint, jti: jti, issuedAt: Date(timeIntervalSince1970: iat))
+        return VerifiedDPoPProof(thumbprint: thumbprint, jti: jti, issuedAt: Date(timeIntervalSince1970: iat), nonceEpoch: nonceEpoch)
     }
 
     private static func verifySignature(_ signature: Data, of input: Data, alg: String, jwk: [String: Any]) throws(DPoPProofError) {

@@ -9,6 +9,16 @@ import Hummingbird
 /// OAuth endpoints (token, registration, attestation), the proofs that come with bound access
 /// tokens (relay, userinfo, session codes), and the refusals with their nonce. It owns the replay
 /// cache of proof ids and the server nonces, both of which carry over a reload.
+///
+/// How a proof id is spent (`dpop.replay_protection`):
+/// - `store`: in memory (a replay to this process is refused at once), then written to the store
+///   and found new there before the request goes on: refused after a restart and by every other
+///   instance, on any deployment.
+/// - `instance_nonce`: every proof carries a nonce of this process (`DPoPNonces.instanceBound`),
+///   of the current epoch or the one before; the ids spent under those epochs are all in memory
+///   (`EpochReplaySet`), which answers alone. Another instance, or this one after a restart, never
+///   accepts the nonce (`use_dpop_nonce`), so the proof cannot be used there either. Only when
+///   memory overflowed does a proof go to the store as in `store`.
 struct DPoPEnforcement: Sendable {
     static let header = HTTPField.Name("DPoP")!
     static let nonceHeader = HTTPField.Name("DPoP-Nonce")!
@@ -19,8 +29,11 @@ struct DPoPEnforcement: Sendable {
     let now: @Sendable () -> Date
     /// Proof ids seen lately (RFC 9449 §11.1); the store keeps them for the other instances.
     let replays: DPoPReplayCache
-    /// Server nonces, the same on every instance sharing the session key ring.
+    /// Server nonces: the same on every instance sharing the session key ring, or this process's
+    /// own (`instance_nonce`).
     let nonces: DPoPNonces
+    /// `instance_nonce`: the proof ids spent under each live nonce epoch.
+    let epochs: EpochReplaySet?
     /// Writes the proof ids to the store, many in one statement under load.
     let proofIDs: SingleUseGroupCommit
 
@@ -30,13 +43,22 @@ struct DPoPEnforcement: Sendable {
         let replays: DPoPReplayCache
         let proofIDs: SingleUseGroupCommit
         let nonces: DPoPNonces
+        let epochs: EpochReplaySet?
 
         init(configuration: GatehouseConfiguration, store: any SingleUseStore, now: @escaping @Sendable () -> Date) {
-            replays = DPoPReplayCache(maximumEntries: configuration.dpop.replayCacheEntries)
+            let settings = configuration.dpop
+            replays = DPoPReplayCache(maximumEntries: settings.replayCacheEntries)
             proofIDs = SingleUseGroupCommit(store: store, kind: "dpop_jti", now: now)
-            let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
-                .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
-            nonces = DPoPNonces(key: nonceKey, lifetime: configuration.dpop.proofLifetime.inSeconds * 2)
+            switch settings.replayProtection {
+            case .store:
+                let nonceKey = configuration.sessions?.keyRing.derivedSecrets(purpose: "gatehouse dpop-nonce v1").first
+                    .map { SymmetricKey(data: $0) } ?? SymmetricKey(size: .bits256)
+                nonces = DPoPNonces(key: nonceKey, lifetime: settings.proofLifetime.inSeconds * 2)
+                epochs = nil
+            case .instanceNonce:
+                nonces = .instanceBound(epoch: settings.nonceEpoch.inSeconds)
+                epochs = EpochReplaySet(maximumEntries: settings.replayCacheEntries)
+            }
         }
     }
 
@@ -47,6 +69,7 @@ struct DPoPEnforcement: Sendable {
         replays = state.replays
         proofIDs = state.proofIDs
         nonces = state.nonces
+        epochs = state.epochs
     }
 
     /// The verified DPoP proof of a request to one of Gatehouse's own OAuth endpoints (`endpoint`:
@@ -79,34 +102,67 @@ struct DPoPEnforcement: Sendable {
     }
 
     /// Spends a proof's `jti` (per key). The in-memory cache answers a replay to this instance
-    /// without the store; every first use is then written to the store, on SQLite as on
-    /// PostgreSQL, so that a proof used once is refused after a restart (the memory is gone) and
-    /// by every other instance. A store that cannot be reached refuses the proof (503), never
-    /// accepts it unrecorded.
+    /// without the store. With `store`, every first use is then written to the store, on SQLite
+    /// as on PostgreSQL, so that a proof used once is refused after a restart (the memory is
+    /// gone) and by every other instance; with `instance_nonce`, the nonce already keeps the
+    /// proof from every other instance and life, and memory answers alone. A store that cannot be
+    /// reached refuses the proof (503), never accepts it unrecorded.
     func spend(_ proof: VerifiedDPoPProof) async -> ProofUse {
-        guard let spend = remember(proof) else { return .replayed }
-        return await record(spend)
+        switch remember(proof) {
+        case .replayed: .replayed
+        case .spent: .fresh
+        case .toRecord(let spend): await record(spend)
+        }
     }
 
     /// Whether this instance has spent `proof`'s `jti` (in memory; nothing is changed).
     func hasSeen(_ proof: VerifiedDPoPProof) -> Bool {
-        replays.isRemembered(Self.replayKey(proof), now: now())
+        if let epochs, let epoch = proof.nonceEpoch {
+            return epochs.isRemembered(Self.replayKey(proof), epoch: epoch)
+        }
+        return replays.isRemembered(Self.replayKey(proof), now: now())
     }
 
     private static func replayKey(_ proof: VerifiedDPoPProof) -> String {
         proof.thumbprint + ":" + proof.jti
     }
 
-    /// The in-memory half of `spend`, synchronous (the relay's fast path calls it on the event
-    /// loop): `nil` for a proof id this instance has seen, else what `record` must write.
-    func remember(_ proof: VerifiedDPoPProof) -> ProofSpend? {
+    /// What memory says of a proof's first use (`remember`).
+    enum Remembered {
+        /// This instance has seen the proof id.
+        case replayed
+        /// New, and memory is complete for its nonce epoch (`instance_nonce`): nothing to write.
+        case spent
+        /// New to memory: the store must write it, and find it new (`record`).
+        case toRecord(ProofSpend)
+    }
+
+    /// The in-memory half of `spend`, synchronous (the relay's fast path calls it on the event loop).
+    func remember(_ proof: VerifiedDPoPProof) -> Remembered {
         let lifetime = settings.proofLifetime.inSeconds
         // A proof is accepted while its iat is within the lifetime either way: remember its jti that long, and more.
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
         let key = Self.replayKey(proof)
         let now = self.now()
-        guard replays.firstUse(key, until: until, now: now) else { return nil }
-        return ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1)))
+        let spend = ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1)))
+        if let epochs, let epoch = proof.nonceEpoch {
+            switch epochs.firstUse(key, epoch: epoch, current: nonces.epoch(at: now)) {
+            case .fresh: return .spent
+            case .replayed: return .replayed
+            case .unknown: return .toRecord(spend)
+            }
+        }
+        guard replays.firstUse(key, until: until, now: now) else { return .replayed }
+        return .toRecord(spend)
+    }
+
+    /// The nonce a response to a request with a DPoP proof announces (RFC 9449 §8.2: a new nonce
+    /// may come with any answer), when nonces are required; `nil` otherwise. The relay's fast
+    /// path takes only proofs of the current epoch, so an app whose nonce has aged gets the
+    /// next one from the general path before its nonce runs out.
+    func announcedNonce(for request: Request) -> String? {
+        guard settings.noncesRequired, request.headers[Self.header] != nil else { return nil }
+        return nonces.current(now: now())
     }
 
     /// The store's half of `spend`: `.fresh` only once the proof id is written and was new
@@ -127,6 +183,8 @@ struct DPoPEnforcement: Sendable {
         guard values.count == 1, let boundThumbprint,
               let proof = try? verify(values[0], method: method, url: issuer + path, accessToken: token),
               proof.thumbprint == boundThumbprint else { return nil }
+        // A nonce of the epoch before: the general path relays it, with the current nonce.
+        if let epoch = proof.nonceEpoch, epoch != nonces.epoch(at: now()) { return nil }
         return proof
     }
 
@@ -173,10 +231,10 @@ struct DPoPEnforcement: Sendable {
     }
 
     /// A proof checked as every proof here is: for this method and URL (and access token, when one
-    /// is bound), within `dpop.proof_lifetime`, with the server nonce when `dpop.require_nonce`.
+    /// is bound), within `dpop.proof_lifetime`, with the server nonce when nonces are required (`dpop.nonce`, `instance_nonce`).
     private func verify(_ proof: String, method: String, url: String, accessToken: String?) throws(DPoPProofError) -> VerifiedDPoPProof {
         try DPoPProof.verify(proof, method: method, url: url, accessToken: accessToken, now: now(),
-                             lifetime: settings.proofLifetime.inSeconds, nonces: settings.requireNonce ? nonces : nil)
+                             lifetime: settings.proofLifetime.inSeconds, nonces: settings.noncesRequired ? nonces : nil)
     }
 
     private static let replayedDetail = "The DPoP proof was used before (its jti)."

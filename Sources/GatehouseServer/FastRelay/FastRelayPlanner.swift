@@ -66,7 +66,8 @@ struct FastRelayPlan {
     /// The app's path, for logs and the `instance` of problems.
     let path: String
     /// A DPoP-bound token's proof, new to this instance: its `jti` is written to the store, and
-    /// found new there, before the request reaches the backend (`nil` for other tokens).
+    /// found new there, before the request reaches the backend (`nil` for other tokens, and for
+    /// a proof whose instance-bound nonce already made memory's answer final).
     var proofRecord: FastProofRecord? = nil
     /// An ingress's question answered here (`forward_auth:`): this answer is written, and no
     /// backend is contacted (`head` is then the question's).
@@ -231,8 +232,11 @@ final class FastRelayPlanner: Sendable {
         // And the proof's jti after it (the store is asked before the backend: `.admit`).
         var proofRecord: FastProofRecord?
         if let proof, let dpop {
-            guard let spend = dpop.remember(proof) else { return nil }
-            proofRecord = FastProofRecord(spend: spend, dpop: dpop)
+            switch dpop.remember(proof) {
+            case .replayed: return nil
+            case .spent: break
+            case .toRecord(let spend): proofRecord = FastProofRecord(spend: spend, dpop: dpop)
+            }
         }
         return FastCaller(identity: identity, token: token, sealed: sealed, proofRecord: proofRecord)
     }

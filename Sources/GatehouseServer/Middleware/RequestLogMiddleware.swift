@@ -11,7 +11,9 @@ import Tracing
 /// endpoints that read a body, turns any error that escapes a route into problem+json (never
 /// a bare 500), writes one log line per request, counts it (`gatehouse_http_requests_total`,
 /// the duration histogram, `gatehouse_relay_requests_total{path="general"}`) and wraps it in a
-/// server span `HTTP <METHOD> <route label>` whose parent is the request's `traceparent`.
+/// server span `HTTP <METHOD> <route label>` whose parent is the request's `traceparent`. An
+/// answer to a request with a DPoP proof carries the current server nonce when nonces are
+/// required (`DPoPEnforcement.announcedNonce`).
 ///
 /// While the route runs, `RequestScope.requestID` holds the request id (every log line carries
 /// it) and the span's context is the current `ServiceContext` (outbound spans are its children).
@@ -44,6 +46,9 @@ struct RequestLogMiddleware<Context: GatehouseRequestContextProtocol>: RouterMid
                 if relayRoute == nil, request.headers[.expect] != nil { await context.sendContinue() }
                 var response = await respond(request, context: context, next: next)
                 response.headers[.requestID] = requestID
+                if response.headers[DPoPEnforcement.nonceHeader] == nil, let nonce = holder.current.dpop.announcedNonce(for: request) {
+                    response.headers[DPoPEnforcement.nonceHeader] = nonce
+                }
                 let status = Int(response.status.code)
                 span.updateAttributes { $0["http.response.status_code"] = status }
                 if status >= 500 { span.setStatus(SpanStatus(code: .error)) }
