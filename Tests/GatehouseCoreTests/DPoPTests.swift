@@ -194,4 +194,30 @@ struct DPoPTests {
         }
         #expect(fresh == 1)
     }
+
+    @Test func aKeptHeaderStillNeedsItsKeysSignatureAndOnlyAVerifiedOneIsKept() throws {
+        let signer = Signer(), forger = Signer()
+        // Signed by another key under the app's header: refused, and the header is not kept.
+        let forged = forger.proof(token: "t", jwk: signer.jwk)
+        let segment = forged.split(separator: ".")[0]
+        #expect(throws: DPoPProofError.self) { try verify(forged, token: "t") }
+        #expect(ProofHeaders.shared.header(segment) == nil)
+        // The app's own proof: verified, its header kept with the key's thumbprint.
+        let good = try verify(signer.proof(token: "t"), token: "t")
+        #expect(ProofHeaders.shared.header(segment)?.thumbprint == good.thumbprint)
+        // The forger again, now that the header is kept: still refused, by the signature.
+        do {
+            _ = try verify(forger.proof(token: "t", jwk: signer.jwk), token: "t")
+            Issue.record("a kept header let another key's signature through")
+        } catch {
+            #expect(error.description == "the DPoP proof's signature is not valid")
+        }
+        // And every other check still runs on a kept header.
+        do {
+            _ = try verify(signer.proof(method: "POST", token: "t"), token: "t")
+            Issue.record("a kept header skipped the htm check")
+        } catch {
+            #expect(error.description.contains("htm"))
+        }
+    }
 }

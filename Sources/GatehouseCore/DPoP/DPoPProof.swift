@@ -1,6 +1,7 @@
 import Crypto
 import _CryptoExtras
 public import Foundation
+import Synchronization
 
 /// Why a DPoP proof was refused, in words safe to show the app. `useNonce`: the proof lacks the
 /// server's current nonce (RFC 9449 §8: answer `use_dpop_nonce` with a fresh one).
@@ -46,21 +47,19 @@ public enum DPoPProof {
                               nonces: DPoPNonces?) throws(DPoPProofError) -> VerifiedDPoPProof {
         guard proof.utf8.count <= maximumLength else { throw DPoPProofError("the DPoP proof is too long") }
         let parts = proof.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let headerBytes = Base64URL.decode(String(parts[0])), let payloadBytes = Base64URL.decode(String(parts[1])),
-              let signature = Base64URL.decode(String(parts[2])),
-              let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any],
+        guard parts.count == 3, let payloadBytes = Base64URL.decode(String(parts[1])), let signature = Base64URL.decode(String(parts[2])),
               let claims = (try? JSONSerialization.jsonObject(with: payloadBytes)) as? [String: Any]
         else { throw DPoPProofError("the DPoP proof is not a JWT") }
-        guard header["typ"] as? String == "dpop+jwt" else { throw DPoPProofError("the DPoP proof's typ must be dpop+jwt") }
-        guard let alg = header["alg"] as? String, algorithms.contains(alg) else {
-            throw DPoPProofError("the DPoP proof's alg must be one of " + algorithms.joined(separator: ", "))
-        }
-        guard let jwk = header["jwk"] as? [String: Any] else { throw DPoPProofError("the DPoP proof carries no jwk") }
-        let privateMembers = ["d", "p", "q", "dp", "dq", "qi", "k", "oth"]
-        guard !jwk.keys.contains(where: privateMembers.contains) else { throw DPoPProofError("the DPoP proof's jwk holds a private key") }
+        // An app signs every proof with one key under the same header: its checks and the parsed
+        // key are kept (`ProofHeaders`), once a signature by it has been verified.
+        let cached = ProofHeaders.shared.header(parts[0])
+        let header: Header
+        if let cached { header = cached } else { header = try checkedHeader(parts[0]) }
         let signingInput = Data(proof.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
-        try verifySignature(signature, of: signingInput, alg: alg, jwk: jwk)
-        guard let thumbprint = JSONWebKey.thumbprint(of: jwk) else { throw DPoPProofError("the DPoP proof's jwk is not a usable public key") }
+        guard header.key.isValidSignature(signature, for: signingInput, alg: header.alg) else {
+            throw DPoPProofError("the DPoP proof's signature is not valid")
+        }
+        if cached == nil { ProofHeaders.shared.remember(header, for: parts[0]) }
 
         guard let jti = claims["jti"] as? String, !jti.isEmpty, jti.utf8.count <= 256 else {
             throw DPoPProofError("the DPoP proof needs a jti of at most 256 characters")
@@ -87,37 +86,73 @@ public enum DPoPProof {
             }
             nonceEpoch = epoch
         }
-        return VerifiedDPoPProof(thumbprint: thumbprint, jti: jti, issuedAt: Date(timeIntervalSince1970: iat), nonceEpoch: nonceEpoch)
+        return VerifiedDPoPProof(thumbprint: header.thumbprint, jti: jti, issuedAt: Date(timeIntervalSince1970: iat), nonceEpoch: nonceEpoch)
     }
 
-    private static func verifySignature(_ signature: Data, of input: Data, alg: String, jwk: [String: Any]) throws(DPoPProofError) {
-        let valid: Bool
-        switch alg {
-        case "ES256":
-            guard jwk["kty"] as? String == "EC", jwk["crv"] as? String == "P-256",
-                  let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let y = (jwk["y"] as? String).flatMap(Base64URL.decode),
-                  x.count == 32, y.count == 32, let key = try? P256.Signing.PublicKey(rawRepresentation: x + y)
-            else { throw DPoPProofError("ES256 needs an EC P-256 jwk") }
-            guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else {
-                throw DPoPProofError("the DPoP proof's signature is not valid")
-            }
-            valid = key.isValidSignature(ecdsa, for: input)
-        case "RS256", "PS256":
-            guard jwk["kty"] as? String == "RSA", let n = (jwk["n"] as? String).flatMap(Base64URL.decode),
-                  let e = (jwk["e"] as? String).flatMap(Base64URL.decode),
-                  let key = try? _RSA.Signing.PublicKey(n: n, e: e), key.keySizeInBits >= 2048
-            else { throw DPoPProofError("\(alg) needs an RSA jwk of at least 2048 bits") }
-            valid = key.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: input),
-                                         padding: alg == "RS256" ? .insecurePKCS1v1_5 : .PSS)
-        case "EdDSA":
-            guard jwk["kty"] as? String == "OKP", jwk["crv"] as? String == "Ed25519",
-                  let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let key = try? Curve25519.Signing.PublicKey(rawRepresentation: x)
-            else { throw DPoPProofError("EdDSA needs an OKP Ed25519 jwk") }
-            valid = key.isValidSignature(signature, for: input)
-        default:
-            valid = false
+    /// A proof's header, checked: one of `algorithms`, a public `jwk` of the right kind, parsed.
+    struct Header: Sendable {
+        let alg: String
+        let key: PublicKey
+        /// RFC 7638, of the `jwk`.
+        let thumbprint: String
+    }
+
+    private static func checkedHeader(_ segment: Substring) throws(DPoPProofError) -> Header {
+        guard let headerBytes = Base64URL.decode(String(segment)),
+              let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any]
+        else { throw DPoPProofError("the DPoP proof is not a JWT") }
+        guard header["typ"] as? String == "dpop+jwt" else { throw DPoPProofError("the DPoP proof's typ must be dpop+jwt") }
+        guard let alg = header["alg"] as? String, algorithms.contains(alg) else {
+            throw DPoPProofError("the DPoP proof's alg must be one of " + algorithms.joined(separator: ", "))
         }
-        guard valid else { throw DPoPProofError("the DPoP proof's signature is not valid") }
+        guard let jwk = header["jwk"] as? [String: Any] else { throw DPoPProofError("the DPoP proof carries no jwk") }
+        let privateMembers = ["d", "p", "q", "dp", "dq", "qi", "k", "oth"]
+        guard !jwk.keys.contains(where: privateMembers.contains) else { throw DPoPProofError("the DPoP proof's jwk holds a private key") }
+        let key = try PublicKey(alg: alg, jwk: jwk)
+        guard let thumbprint = JSONWebKey.thumbprint(of: jwk) else { throw DPoPProofError("the DPoP proof's jwk is not a usable public key") }
+        return Header(alg: alg, key: key, thumbprint: thumbprint)
+    }
+
+    /// A proof's public key, of one of `algorithms`.
+    enum PublicKey: Sendable {
+        case p256(P256.Signing.PublicKey)
+        case rsa(_RSA.Signing.PublicKey)
+        case ed25519(Curve25519.Signing.PublicKey)
+
+        init(alg: String, jwk: [String: Any]) throws(DPoPProofError) {
+            switch alg {
+            case "ES256":
+                guard jwk["kty"] as? String == "EC", jwk["crv"] as? String == "P-256",
+                      let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let y = (jwk["y"] as? String).flatMap(Base64URL.decode),
+                      x.count == 32, y.count == 32, let key = try? P256.Signing.PublicKey(rawRepresentation: x + y)
+                else { throw DPoPProofError("ES256 needs an EC P-256 jwk") }
+                self = .p256(key)
+            case "RS256", "PS256":
+                guard jwk["kty"] as? String == "RSA", let n = (jwk["n"] as? String).flatMap(Base64URL.decode),
+                      let e = (jwk["e"] as? String).flatMap(Base64URL.decode),
+                      let key = try? _RSA.Signing.PublicKey(n: n, e: e), key.keySizeInBits >= 2048
+                else { throw DPoPProofError("\(alg) needs an RSA jwk of at least 2048 bits") }
+                self = .rsa(key)
+            default:
+                guard jwk["kty"] as? String == "OKP", jwk["crv"] as? String == "Ed25519",
+                      let x = (jwk["x"] as? String).flatMap(Base64URL.decode), let key = try? Curve25519.Signing.PublicKey(rawRepresentation: x)
+                else { throw DPoPProofError("EdDSA needs an OKP Ed25519 jwk") }
+                self = .ed25519(key)
+            }
+        }
+
+        func isValidSignature(_ signature: Data, for input: Data, alg: String) -> Bool {
+            switch self {
+            case .p256(let key):
+                guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else { return false }
+                return key.isValidSignature(ecdsa, for: input)
+            case .rsa(let key):
+                return key.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: input),
+                                            padding: alg == "RS256" ? .insecurePKCS1v1_5 : .PSS)
+            case .ed25519(let key):
+                return key.isValidSignature(signature, for: input)
+            }
+        }
     }
 
     /// `scheme://host[:port]/path` with scheme and host in lower case, the default port dropped,
@@ -129,5 +164,33 @@ public enum DPoPProof {
         let port = components.port.flatMap { $0 == defaultPort ? nil : $0 }
         let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
         return scheme + "://" + host + (port.map { ":\($0)" } ?? "") + path
+    }
+}
+
+/// The checked headers of proofs whose signature verified (`DPoPProof.Header`), by their encoded
+/// text: an app signs every proof with the same key and header, so its header is decoded, its
+/// key parsed and its thumbprint computed once. Only a header whose key verified a signature is
+/// kept (nothing an unsigned request sends takes room); when full, it starts again empty.
+final class ProofHeaders: Sendable {
+    static let shared = ProofHeaders(maximumEntries: 10_000)
+
+    private let maximumEntries: Int
+    private let entries = Mutex<[Substring: DPoPProof.Header]>([:])
+
+    init(maximumEntries: Int) {
+        self.maximumEntries = maximumEntries
+    }
+
+    func header(_ segment: Substring) -> DPoPProof.Header? {
+        entries.withLock { $0[segment] }
+    }
+
+    func remember(_ header: DPoPProof.Header, for segment: Substring) {
+        // Its own copy of the text: a Substring would keep the whole proof alive.
+        let key = Substring(String(segment))
+        entries.withLock { entries in
+            if entries.count >= maximumEntries { entries.removeAll(keepingCapacity: true) }
+            entries[key] = header
+        }
     }
 }
