@@ -15,6 +15,8 @@ public struct DPoPNonces: Sendable {
     private let step: TimeInterval
     /// Whether the key is this process's own (`instanceBound`).
     public let isInstanceBound: Bool
+    /// The nonces of the last epochs asked about, so that a request costs no HMAC.
+    private let made = NonceMemo()
 
     public init(key: SymmetricKey, lifetime: TimeInterval) {
         self.init(key: key, step: lifetime, instanceBound: false)
@@ -61,9 +63,33 @@ public struct DPoPNonces: Sendable {
     }
 
     private func nonce(step: Int64) -> String {
+        if let known = made.nonce(of: step) { return known }
+        let nonce = computed(step: step)
+        made.remember(nonce, of: step)
+        return nonce
+    }
+
+    private func computed(step: Int64) -> String {
         let bytes = withUnsafeBytes(of: step.bigEndian) { Data($0) }
         let mac = HMAC<SHA256>.authenticationCode(for: bytes, using: key)
         return Base64URL.encode(bytes + Data(mac).prefix(16))
+    }
+}
+
+/// The nonces of the last few epochs a `DPoPNonces` computed (each is the same for the whole epoch).
+private final class NonceMemo: Sendable {
+    private let entries = Mutex<[(step: Int64, nonce: String)]>([])
+
+    func nonce(of step: Int64) -> String? {
+        entries.withLock { entries in entries.first { $0.step == step }?.nonce }
+    }
+
+    func remember(_ nonce: String, of step: Int64) {
+        entries.withLock { entries in
+            entries.removeAll { $0.step == step }
+            entries.append((step, nonce))
+            if entries.count > 4 { entries.removeFirst(entries.count - 4) }
+        }
     }
 }
 

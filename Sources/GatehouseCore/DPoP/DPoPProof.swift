@@ -46,20 +46,24 @@ public enum DPoPProof {
     public static func verify(_ proof: String, method: String, url: String, accessToken: String?, now: Date, lifetime: TimeInterval,
                               nonces: DPoPNonces?) throws(DPoPProofError) -> VerifiedDPoPProof {
         guard proof.utf8.count <= maximumLength else { throw DPoPProofError("the DPoP proof is too long") }
-        let parts = proof.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let payloadBytes = Base64URL.decode(String(parts[1])), let signature = Base64URL.decode(String(parts[2])),
+        // Split on the bytes: `String.split` would walk the proof by grapheme clusters.
+        let utf8 = proof.utf8, dot = UInt8(ascii: ".")
+        guard let first = utf8.firstIndex(of: dot), let second = utf8[utf8.index(after: first)...].firstIndex(of: dot),
+              !utf8[utf8.index(after: second)...].contains(dot),
+              let payloadBytes = Base64URL.decode(Substring(utf8[utf8.index(after: first)..<second])),
+              let signature = Base64URL.decode(Substring(utf8[utf8.index(after: second)...])),
               let claims = (try? JSONSerialization.jsonObject(with: payloadBytes)) as? [String: Any]
         else { throw DPoPProofError("the DPoP proof is not a JWT") }
         // An app signs every proof with one key under the same header: its checks and the parsed
         // key are kept (`ProofHeaders`), once a signature by it has been verified.
-        let cached = ProofHeaders.shared.header(parts[0])
+        let headerSegment = Substring(utf8[..<first])
+        let cached = ProofHeaders.shared.header(headerSegment)
         let header: Header
-        if let cached { header = cached } else { header = try checkedHeader(parts[0]) }
-        let signingInput = Data(proof.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
-        guard header.key.isValidSignature(signature, for: signingInput, alg: header.alg) else {
+        if let cached { header = cached } else { header = try checkedHeader(headerSegment) }
+        guard header.key.isValidSignature(signature, for: Data(utf8[..<second]), alg: header.alg) else {
             throw DPoPProofError("the DPoP proof's signature is not valid")
         }
-        if cached == nil { ProofHeaders.shared.remember(header, for: parts[0]) }
+        if cached == nil { ProofHeaders.shared.remember(header, for: headerSegment) }
 
         guard let jti = claims["jti"] as? String, !jti.isEmpty, jti.utf8.count <= 256 else {
             throw DPoPProofError("the DPoP proof needs a jti of at most 256 characters")
@@ -98,7 +102,7 @@ public enum DPoPProof {
     }
 
     private static func checkedHeader(_ segment: Substring) throws(DPoPProofError) -> Header {
-        guard let headerBytes = Base64URL.decode(String(segment)),
+        guard let headerBytes = Base64URL.decode(segment),
               let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any]
         else { throw DPoPProofError("the DPoP proof is not a JWT") }
         guard header["typ"] as? String == "dpop+jwt" else { throw DPoPProofError("the DPoP proof's typ must be dpop+jwt") }

@@ -32,6 +32,12 @@ public enum Base64URL {
         return text.withUTF8 { decode(utf8: $0) }
     }
 
+    /// `decode` of a part of a text (a JWT's segment), without copying it out first.
+    public static func decode(_ text: Substring) -> Data? {
+        var text = text
+        return text.withUTF8 { decode(utf8: $0) }
+    }
+
     /// `decode` over UTF-8 bytes.
     public static func decode(utf8 input: UnsafeBufferPointer<UInt8>) -> Data? {
         let count = input.count

@@ -144,16 +144,16 @@ struct DPoPEnforcement: Sendable {
         let until = proof.issuedAt.addingTimeInterval(lifetime + 1)
         let key = Self.replayKey(proof)
         let now = self.now()
-        let spend = ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1)))
+        let spend = { ProofSpend(keyHash: SecureToken.hash(key), expiresAt: max(until, now.addingTimeInterval(1))) }
         if let epochs, let epoch = proof.nonceEpoch {
             switch epochs.firstUse(key, epoch: epoch, current: nonces.epoch(at: now)) {
             case .fresh: return .spent
             case .replayed: return .replayed
-            case .unknown: return .toRecord(spend)
+            case .unknown: return .toRecord(spend())
             }
         }
         guard replays.firstUse(key, until: until, now: now) else { return .replayed }
-        return .toRecord(spend)
+        return .toRecord(spend())
     }
 
     /// The nonce a response to a request with a DPoP proof announces (RFC 9449 §8.2: a new nonce
