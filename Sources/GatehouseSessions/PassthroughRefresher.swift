@@ -86,8 +86,29 @@ package final class PassthroughRefresher: Sendable {
         var sawAnotherRefresh = false
         var admittedUnknown = false
         while now() < deadline {
-            let record: PassthroughTokenRecord?
-            do { record = try await store.passthroughToken(hash: hash) } catch { throw .serverError("Gatehouse cannot reach its store right now") }
+            // The record and, when it may be taken, the lease: one statement. After another
+            // holder's lease was seen, only the record: whether that lease ended without an answer
+            // is read first (below), before the token is sent again. A token Gatehouse has no
+            // record of is only read, and admitted or not below before anything is written.
+            let owner = newOwner()
+            let at = now()
+            let attempt: PassthroughLeaseAttempt
+            do {
+                if sawAnotherRefresh {
+                    attempt = PassthroughLeaseAttempt(record: try await store.passthroughToken(hash: hash), leased: false)
+                } else {
+                    attempt = try await store.readPassthroughRefresh(
+                        hash: hash, clientID: client.clientID, owner: owner, until: at.addingTimeInterval(upstream.settings.refreshLeaseSeconds),
+                        now: at, answeredBefore: at.addingTimeInterval(-grace.inSeconds))
+                }
+            } catch {
+                throw .serverError("Gatehouse cannot reach its store right now")
+            }
+            if attempt.leased {
+                return try await refreshUnderLease(token, hash: hash, owner: owner, boundBefore: true, scope: scope,
+                                                   client: client, upstream: upstream, counted: &counted)
+            }
+            let record = attempt.record
             if record == nil, !admittedUnknown {
                 try admitUnknown()
                 admittedUnknown = true
@@ -125,7 +146,7 @@ package final class PassthroughRefresher: Sendable {
                 // The lease is taken only if no answer stands and no live lease is held: the
                 // re-read under the lease is part of the same statement. Each attempt has its own
                 // owner, so two attempts of one process can never both hold it.
-                let owner = instanceID + "." + String(SecureToken.generate().prefix(8))
+                let owner = newOwner()
                 let at = now()
                 let leased: Bool
                 do {
@@ -144,6 +165,11 @@ package final class PassthroughRefresher: Sendable {
             }
         }
         throw .upstreamUnavailable("another request is refreshing this token; try again", retryAfter: 1)
+    }
+
+    /// A lease owner of its own for each attempt.
+    private func newOwner() -> String {
+        instanceID + "." + String(SecureToken.generate().prefix(8))
     }
 
     private func refreshUnderLease(_ token: String, hash: String, owner: String, boundBefore: Bool, scope: String?, client: AppClient,

@@ -215,6 +215,24 @@ struct PassthroughRefresherTests {
         }
     }
 
+    /// The store's round trips of a refresh: before the upstream call, one statement reads a
+    /// bound token's record and takes its lease; after it, the pair's binding and the answer. A
+    /// token never bound is read, admitted, then leased (the lease creates its row).
+    @Test func aBoundTokensRefreshReadsAndLeasesInOneStatement() async throws {
+        try await Fixture.with { fixture, _ in
+            let store = CountingStore(base: fixture.store)
+            let result = await Self.refresh(fixture.refresher(store: store), fixture)
+            #expect(Self.answer(result) == ScriptedUpstream.rotated)
+            #expect(store.calls == ["readAndLease", "bind", "answer"])
+        }
+        try await Fixture.with(bound: false) { fixture, _ in
+            let store = CountingStore(base: fixture.store)
+            let result = await Self.refresh(fixture.refresher(store: store), fixture)
+            #expect(Self.answer(result) == ScriptedUpstream.rotated)
+            #expect(store.calls == ["readAndLease", "acquire", "bind", "answer"])
+        }
+    }
+
     @Test func aStoreThatCannotBeReachedIsAServerErrorAndNoUpstreamCall() async throws {
         try await Fixture.with { fixture, _ in
             let refresher = fixture.refresher(store: UnreachableStore())

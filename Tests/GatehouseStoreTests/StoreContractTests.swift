@@ -182,4 +182,92 @@ struct StoreContractTests {
             #expect(try await store.sweepExpired(now: later.addingTimeInterval(1)) == 2)
         }
     }
+
+    /// The record and the lease in one statement (`readPassthroughRefresh`): the lease is taken
+    /// exactly when `acquirePassthroughRefresh` would take it, the record is returned either way,
+    /// and a token never bound is only read. The same scenario runs on the store's own statement
+    /// and on the protocol's two-statement form, which must agree.
+    @Test(arguments: StoreKind.available)
+    func thePassthroughRecordIsReadAndItsLeaseTakenInOneStatement(kind: StoreKind) async throws {
+        try await withStore(kind) { store in
+            try await Self.readAndLease(store, prefix: "own-")
+            try await Self.readAndLease(TwoStatements(base: store), prefix: "two-")
+        }
+    }
+
+    static func readAndLease(_ store: any PassthroughTokenStore, prefix: String) async throws {
+        let now = Date()
+        let later = now.addingTimeInterval(86400)
+        let rt = prefix + "rt"
+        func attempt(_ hash: String, client: String = "app", owner: String, at: Date = now, answeredBefore: Date? = nil)
+            async throws -> PassthroughLeaseAttempt {
+            try await store.readPassthroughRefresh(hash: hash, clientID: client, owner: owner, until: at.addingTimeInterval(10), now: at,
+                                                   answeredBefore: answeredBefore ?? at.addingTimeInterval(-30))
+        }
+        // Never bound: nothing is leased, nothing written.
+        #expect(try await attempt(prefix + "unknown", owner: "a") == PassthroughLeaseAttempt(record: nil, leased: false))
+        #expect(try await store.passthroughToken(hash: prefix + "unknown") == nil)
+        try await store.bindPassthroughTokens([(hash: rt, expiresAt: later)], clientID: "app", upstream: "u")
+        // Another app's: read, not leased, unchanged.
+        let foreign = try await attempt(rt, client: "other", owner: "x")
+        #expect(!foreign.leased && foreign.record?.clientID == "app" && foreign.record?.leaseOwner == nil)
+        // Of 20 racing attempts one takes the lease.
+        let attempts = try await withThrowingTaskGroup(of: PassthroughLeaseAttempt.self) { group in
+            for index in 0..<20 { group.addTask { try await attempt(rt, owner: "i\(index)") } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        let winners = attempts.filter(\.leased)
+        try #require(winners.count == 1)
+        let owner = try #require(winners[0].record?.leaseOwner)
+        let until = try #require(winners[0].record?.leaseUntil)
+        #expect(abs(until.timeIntervalSince(now.addingTimeInterval(10))) < 0.002)
+        // A loser reads the winner's lease, or the record as it was before it (read before the
+        // winner's write was committed): never a lease of its own.
+        #expect(attempts.filter { !$0.leased }.allSatisfy { $0.record?.clientID == "app" && ($0.record?.leaseOwner ?? owner) == owner })
+        #expect(try await store.passthroughToken(hash: rt)?.leaseOwner == owner)
+        // The lease, once run out, is taken over.
+        #expect(try await attempt(rt, owner: "late", at: now.addingTimeInterval(11)).leased)
+        // An answer within the window is read, not leased; a rotated one never is again.
+        #expect(try await store.answerPassthroughRefresh(hash: rt, sealed: Data("pair".utf8), rotated: true, now: now, keepUntil: later))
+        let replay = try await attempt(rt, owner: "b", at: now.addingTimeInterval(5))
+        #expect(!replay.leased && replay.record?.answerSealed == Data("pair".utf8) && replay.record?.rotated == true)
+        #expect(try await !attempt(rt, owner: "c", at: now.addingTimeInterval(60)).leased)
+        // An unrotated answer older than the window may be refreshed again: the lease clears it.
+        let kept = prefix + "kept"
+        try await store.bindPassthroughTokens([(hash: kept, expiresAt: later)], clientID: "app", upstream: "u")
+        #expect(try await attempt(kept, owner: "d").leased)
+        #expect(try await store.answerPassthroughRefresh(hash: kept, sealed: Data("same".utf8), rotated: false, now: now, keepUntil: later))
+        #expect(try await !attempt(kept, owner: "e", at: now.addingTimeInterval(10)).leased)
+        let again = try await attempt(kept, owner: "f", at: now.addingTimeInterval(60))
+        #expect(again.leased && again.record?.answeredAt == nil && again.record?.answerSealed == nil && again.record?.leaseOwner == "f")
+        #expect(try await store.passthroughToken(hash: kept)?.answerSealed == nil)
+    }
+}
+
+/// A store seen through the protocol's two-statement `readPassthroughRefresh` (every other call
+/// goes to `base`).
+private struct TwoStatements: PassthroughTokenStore {
+    let base: any PassthroughTokenStore
+
+    func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
+        try await base.bindPassthroughTokens(tokens, clientID: clientID, upstream: upstream)
+    }
+
+    func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
+        try await base.passthroughToken(hash: hash)
+    }
+
+    func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
+                                   answeredBefore: Date, expiresAt: Date) async throws -> Bool {
+        try await base.acquirePassthroughRefresh(hash: hash, clientID: clientID, upstream: upstream, owner: owner, until: until, now: now,
+                                                 answeredBefore: answeredBefore, expiresAt: expiresAt)
+    }
+
+    func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
+        try await base.answerPassthroughRefresh(hash: hash, sealed: sealed, rotated: rotated, now: now, keepUntil: keepUntil)
+    }
+
+    func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
+        try await base.releasePassthroughRefresh(hash: hash, owner: owner, forget: forget)
+    }
 }

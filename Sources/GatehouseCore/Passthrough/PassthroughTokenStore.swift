@@ -47,6 +47,13 @@ public protocol PassthroughTokenStore: Sendable {
     /// older than that). `false` otherwise.
     func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
                                    answeredBefore: Date, expiresAt: Date) async throws -> Bool
+    /// Reads the token's record and, in the same statement, takes the lease for `owner` when
+    /// `acquirePassthroughRefresh` would (the record is `clientID`'s, no live lease, no answer
+    /// within `answeredBefore` stands). A token never bound is only read (`nil`), never created:
+    /// whether an unknown token may be refreshed is decided before it is written.
+    /// The record as the lease left it when taken, else as it stands.
+    func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
+                                answeredBefore: Date) async throws -> PassthroughLeaseAttempt
     /// Stores the upstream's answer (or its refusal, `sealed == nil`) and ends the lease, if no
     /// answer is stored yet (the first answer wins; a pair also replaces a refusal, which can only
     /// come from a holder whose token another holder had just spent); `false` otherwise.
@@ -54,6 +61,37 @@ public protocol PassthroughTokenStore: Sendable {
     /// Gives up a lease without an answer (the upstream could not be asked, or its answer is
     /// unknown); with `forget`, deletes the row (a token first seen by this refresh stays unbound).
     func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws
+}
+
+/// A token's record, read in the statement that took its lease when it could be taken.
+public struct PassthroughLeaseAttempt: Sendable, Equatable {
+    public var record: PassthroughTokenRecord?
+    /// Whether this statement took the lease (for the owner it was given).
+    public var leased: Bool
+
+    public init(record: PassthroughTokenRecord?, leased: Bool) {
+        self.record = record
+        self.leased = leased
+    }
+}
+
+extension PassthroughTokenStore {
+    /// In two statements, for a store without its own (a read, then the lease when the record's
+    /// decision is to refresh): the same outcome, one more round trip.
+    public func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
+                                       answeredBefore: Date) async throws -> PassthroughLeaseAttempt {
+        guard let record = try await passthroughToken(hash: hash) else { return PassthroughLeaseAttempt(record: nil, leased: false) }
+        let leaseFree = record.leaseUntil.map { $0 <= now } ?? true || record.leaseOwner == owner
+        let answerAllows = record.answeredAt.map { !record.rotated && record.answerSealed != nil && $0 < answeredBefore } ?? true
+        guard record.clientID == clientID, leaseFree, answerAllows,
+              try await acquirePassthroughRefresh(hash: hash, clientID: clientID, upstream: record.upstream, owner: owner, until: until,
+                                                  now: now, answeredBefore: answeredBefore, expiresAt: record.expiresAt) else {
+            return PassthroughLeaseAttempt(record: record, leased: false)
+        }
+        var leased = record
+        (leased.leaseOwner, leased.leaseUntil, leased.answeredAt, leased.answerSealed, leased.rotated) = (owner, until, nil, nil, false)
+        return PassthroughLeaseAttempt(record: leased, leased: true)
+    }
 }
 
 /// The refresh of a passthrough token as a decision over its stored record.

@@ -301,6 +301,37 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                                       leaseUntil: c.5.map(Self.date), answeredAt: c.6.map(Self.date), answerSealed: c.7, rotated: c.8)
     }
 
+    /// One statement: the lease is taken by the `UPDATE` of a data-modifying CTE, whose condition
+    /// is `acquirePassthroughRefresh`'s (under READ COMMITTED a row changed since the snapshot is
+    /// judged again in its latest version, so two attempts cannot both take it); the row the
+    /// update left is returned when it took the lease, the row as read otherwise.
+    public func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
+                                       answeredBefore: Date) async throws -> PassthroughLeaseAttempt {
+        let rows = try await query(
+            """
+            WITH current AS (
+                SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
+                FROM passthrough_tokens WHERE hash = \(hash)
+            ), leased AS (
+                UPDATE passthrough_tokens AS t SET lease_owner = \(owner), lease_until = \(ms(until)),
+                    answered_at = NULL, answer_sealed = NULL, rotated = FALSE
+                WHERE t.hash = \(hash) AND t.client_id = \(clientID)
+                  AND (t.lease_until IS NULL OR t.lease_until <= \(ms(now)) OR t.lease_owner = \(owner))
+                  AND (t.answered_at IS NULL OR (NOT t.rotated AND t.answer_sealed IS NOT NULL AND t.answered_at < \(ms(answeredBefore))))
+                RETURNING t.hash, t.client_id, t.upstream, t.expires_at, t.lease_owner, t.lease_until, t.answered_at, t.answer_sealed, t.rotated
+            )
+            SELECT *, TRUE AS leased FROM leased
+            UNION ALL
+            SELECT *, FALSE AS leased FROM current WHERE NOT EXISTS (SELECT 1 FROM leased)
+            """, logger: logger)
+        guard let row = rows.first else { return PassthroughLeaseAttempt(record: nil, leased: false) }
+        let c = try row.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool, Bool).self)
+        return PassthroughLeaseAttempt(
+            record: PassthroughTokenRecord(hash: c.0, clientID: c.1, upstream: c.2, expiresAt: Self.date(c.3), leaseOwner: c.4,
+                                           leaseUntil: c.5.map(Self.date), answeredAt: c.6.map(Self.date), answerSealed: c.7, rotated: c.8),
+            leased: c.9)
+    }
+
     public func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
                                           answeredBefore: Date, expiresAt: Date) async throws -> Bool {
         try await count(query(

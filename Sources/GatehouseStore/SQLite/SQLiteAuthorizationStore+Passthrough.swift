@@ -40,7 +40,36 @@ extension SQLiteAuthorizationStore: PassthroughTokenStore {
             SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
             FROM passthrough_tokens WHERE hash = ?
             """, [.text(hash)])
-        guard let row = rows.first, let hash = row.column("hash")?.string, let client = row.column("client_id")?.string,
+        return rows.first.flatMap(Self.passthroughRecord)
+    }
+
+    /// One statement: every assignment is computed from the row as it was (`may`, the lease's
+    /// condition of `acquirePassthroughRefresh`), so the row is changed only when the lease is
+    /// taken, and returned either way (RETURNING gives the values the statement left). The owner
+    /// is new to each attempt: the lease is this statement's when the row names it.
+    public func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
+                                       answeredBefore: Date) async throws -> PassthroughLeaseAttempt {
+        let may = """
+            (client_id = ?2 AND (lease_until IS NULL OR lease_until <= ?5 OR lease_owner = ?3)
+             AND (answered_at IS NULL OR (rotated = 0 AND answer_sealed IS NOT NULL AND answered_at < ?6)))
+            """
+        let rows = try await connection.query(
+            """
+            UPDATE passthrough_tokens SET lease_owner = IIF(\(may), ?3, lease_owner), lease_until = IIF(\(may), ?4, lease_until),
+                answered_at = IIF(\(may), NULL, answered_at), answer_sealed = IIF(\(may), NULL, answer_sealed),
+                rotated = IIF(\(may), 0, rotated)
+            WHERE hash = ?1
+            RETURNING hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated,
+                lease_owner IS ?3 AS leased
+            """,
+            [.text(hash), .text(clientID), .text(owner), .integer(Self.milliseconds(until)), .integer(Self.milliseconds(now)),
+             .integer(Self.milliseconds(answeredBefore))])
+        guard let row = rows.first else { return PassthroughLeaseAttempt(record: nil, leased: false) }
+        return PassthroughLeaseAttempt(record: Self.passthroughRecord(row), leased: row.column("leased")?.integer == 1)
+    }
+
+    private static func passthroughRecord(_ row: SQLiteRow) -> PassthroughTokenRecord? {
+        guard let hash = row.column("hash")?.string, let client = row.column("client_id")?.string,
               let upstream = row.column("upstream")?.string, let expires = row.column("expires_at")?.integer else { return nil }
         return PassthroughTokenRecord(
             hash: hash, clientID: client, upstream: upstream, expiresAt: Self.date(expires), leaseOwner: row.column("lease_owner")?.string,

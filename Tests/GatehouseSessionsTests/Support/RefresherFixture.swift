@@ -101,3 +101,50 @@ struct ObservedStore: PassthroughTokenStore {
         try await base.releasePassthroughRefresh(hash: hash, owner: owner, forget: forget)
     }
 }
+
+/// The real store, every call named in `calls` in the order made (each is one statement on SQLite and PostgreSQL).
+final class CountingStore: PassthroughTokenStore {
+    let base: any PassthroughTokenStore
+    private let made = Mutex<[String]>([])
+    var calls: [String] { made.withLock { $0 } }
+
+    init(base: any PassthroughTokenStore) {
+        self.base = base
+    }
+
+    private func note(_ call: String) { made.withLock { $0.append(call) } }
+
+    func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
+        note("bind")
+        try await base.bindPassthroughTokens(tokens, clientID: clientID, upstream: upstream)
+    }
+
+    func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
+        note("read")
+        return try await base.passthroughToken(hash: hash)
+    }
+
+    func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
+                                answeredBefore: Date) async throws -> PassthroughLeaseAttempt {
+        note("readAndLease")
+        return try await base.readPassthroughRefresh(hash: hash, clientID: clientID, owner: owner, until: until, now: now,
+                                                     answeredBefore: answeredBefore)
+    }
+
+    func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
+                                   answeredBefore: Date, expiresAt: Date) async throws -> Bool {
+        note("acquire")
+        return try await base.acquirePassthroughRefresh(hash: hash, clientID: clientID, upstream: upstream, owner: owner, until: until,
+                                                        now: now, answeredBefore: answeredBefore, expiresAt: expiresAt)
+    }
+
+    func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
+        note("answer")
+        return try await base.answerPassthroughRefresh(hash: hash, sealed: sealed, rotated: rotated, now: now, keepUntil: keepUntil)
+    }
+
+    func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
+        note("release")
+        try await base.releasePassthroughRefresh(hash: hash, owner: owner, forget: forget)
+    }
+}
