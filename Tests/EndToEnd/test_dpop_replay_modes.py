@@ -6,7 +6,7 @@ accepted at most once, by any instance, across restarts, within its lifetime.
   test_dpop.py); here, a proof raced against itself.
 - `instance_nonce`: every proof carries a nonce of the instance it reaches, issued in this life of
   that process; memory alone answers. Replayed to the same instance (both relay paths), to another
-  instance on the same PostgreSQL, after a restart, raced against itself; with another
+  instance on the same PostgreSQL, after a restart and a reload, raced against itself; with another
   instance's nonce, a forged one, one whose epoch rolled over; and a client that follows
   `use_dpop_nonce` behind a round-robin balancer of two instances.
 
@@ -15,6 +15,7 @@ reached the backend is read from the backend's own request log."""
 
 import os
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ from sandbox.balancer import RoundRobinBalancer
 from sandbox.dpop import Key
 from sandbox.gatelog import served_by
 from sandbox.nativeapp import APP_REDIRECT, App
+from processes import with_suite_limits
 from sandbox.secretsrecord import stop
 from trusted import trusted_gatehouse
 
@@ -213,6 +215,32 @@ def test_an_aged_nonce_is_answered_with_the_next_and_refused_two_epochs_on(workd
         # The nonce the answers gave meanwhile works.
         app.nonce = answer.headers["DPoP-Nonce"]
         assert app.get()[0].status_code == 200 and newer != old
+
+
+def test_a_reload_keeps_the_nonces_and_the_proofs_spent_under_them(workdir, seen):
+    """SIGHUP with a route added: the nonce the app holds stays good (the process and its key are
+    the same), and a proof spent before the reload is still refused after it, on both paths."""
+    with trusted_gatehouse(workdir, seen, "dpop-instance-reload", CLIENTS, ROUTES, INSTANCE) as gatehouse:
+        app = BoundApp(gatehouse["url"]).sign_in(gatehouse, seen)
+        general, general_proof = app.get()
+        fast = warm(app)
+        assert served_by(gatehouse, fast) == "fast"
+        _, fast_proof = app.get()
+        mark = gatehouse["lines"].mark()
+        extra = "\n  - prefix: /api/more\n    backend: " + gatehouse["backend"].url + "/more\n    methods: [GET]\n    upstream: legacy"
+        text = gatehouse["text"].replace("    authorization: passthrough", "    authorization: passthrough" + extra, 1)
+        assert text != gatehouse["text"]
+        gatehouse["config"].write_text(with_suite_limits(text))
+        os.kill(gatehouse["process"].pid, signal.SIGHUP)
+        gatehouse["lines"].wait_for(r"configuration reloaded", timeout=15, since=mark)
+        before = gatehouse["backend"].mark()
+        for proof in (general_proof, fast_proof):
+            replayed = send(gatehouse["url"], app.token, proof)
+            assert replayed.status_code == 401 and "used before" in replayed.json()["detail"], replayed.text
+        assert gatehouse["backend"].request_lines_since(before) == []
+        retries = app.retries
+        assert app.get()[0].status_code == 200 and app.retries == retries, "the nonce held before the reload still works"
+        assert general.status_code == 200
 
 
 @pytest.fixture(scope="module")
