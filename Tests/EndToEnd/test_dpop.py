@@ -6,9 +6,7 @@ asked), /userinfo and refreshes then need a fresh proof by the same key; every c
 §4.3 fails on its own; replays are refused by the in-memory cache and by the store, on both relay
 paths (across instances and a restart here, a restart of the token endpoint in test_guarantees.py)."""
 
-import os
 import secrets
-import subprocess
 import time
 
 import pytest
@@ -18,7 +16,7 @@ from sandbox.dpop import Key
 from sandbox.gatelog import served_by
 from sandbox.nativeapp import APP_REDIRECT, App
 from sandbox.secretsrecord import stop
-from trusted import trusted_gatehouse
+from trusted import postgres_store, trusted_gatehouse
 
 OPTIONAL = "com.example.dpop"
 REQUIRED = "com.example.dpop.required"
@@ -376,13 +374,7 @@ def test_revoking_a_bound_access_token_ends_its_session(gatehouse, seen):
 @pytest.fixture(scope="module")
 def shared_store(workdir, seen):
     """Two instances on one PostgreSQL database behind one public URL (a load balancer's)."""
-    if "GATEHOUSE_TEST_POSTGRES" not in os.environ:
-        pytest.skip("needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
-    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
-    database = "dpop_" + secrets.token_hex(4)
-    subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
-                   capture_output=True, check=True, timeout=30)
-    store = f"  postgres: {{host: {host}, port: {port}, database: {database}, username: gatehouse}}"
+    store = postgres_store("dpop")
     with trusted_gatehouse(workdir, seen, "dpop-shared", client(OPTIONAL, "optional"), ROUTES, store=store, replicas=2) as running:
         yield running
 

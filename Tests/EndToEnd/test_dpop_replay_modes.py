@@ -14,9 +14,7 @@ Proofs are made with PyJWT + cryptography (sandbox/dpop.py), never with Gatehous
 reached the backend is read from the backend's own request log."""
 
 import os
-import secrets
 import signal
-import subprocess
 import threading
 import time
 
@@ -29,7 +27,7 @@ from sandbox.gatelog import served_by
 from sandbox.nativeapp import APP_REDIRECT, App
 from processes import with_suite_limits
 from sandbox.secretsrecord import stop
-from trusted import trusted_gatehouse
+from trusted import postgres_store, trusted_gatehouse
 
 CLIENT = "com.example.dpop"
 CLIENTS = f"""
@@ -246,13 +244,7 @@ def test_a_reload_keeps_the_nonces_and_the_proofs_spent_under_them(workdir, seen
 @pytest.fixture(scope="module")
 def two_instances(workdir, seen):
     """Two instances with instance nonces on one PostgreSQL database, one public URL."""
-    if "GATEHOUSE_TEST_POSTGRES" not in os.environ:
-        pytest.skip("needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
-    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
-    database = "dpopnonce_" + secrets.token_hex(4)
-    subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
-                   capture_output=True, check=True, timeout=30)
-    store = f"  postgres: {{host: {host}, port: {port}, database: {database}, username: gatehouse}}"
+    store = postgres_store("dpopnonce")
     with trusted_gatehouse(workdir, seen, "dpop-instance-shared", CLIENTS, ROUTES, INSTANCE, store=store, replicas=2) as running:
         yield running
 

@@ -3,7 +3,12 @@ trusted app instances (issue 13): test_instances, test_dpop, test_session_codes.
 `legacy` (oauth2, introspection identity); the caller gives the `clients:` entries, the routes and
 any other top-level sections. Routes relay to one EchoBackend (what a backend received)."""
 
+import os
+import secrets
+import subprocess
 from contextlib import ExitStack, contextmanager
+
+import pytest
 
 from sandbox.backends import EchoBackend
 from sandbox.nativeapp import free_port
@@ -57,3 +62,15 @@ sessions:
             yield {**process, "url": f"http://127.0.0.1:{port}", "env": up["env"], "database": workdir / f"{name}.sqlite",
                    "backend": backend, "replicas": replicas_running, "text": config, "relaunch": relaunch,
                    "upstream_url": up["url"]}
+
+
+def postgres_store(prefix):
+    """The `store:` YAML of a database of its own (named `prefix` and a random part) on the
+    suite's PostgreSQL, for `trusted_gatehouse(store=…)`; skips the test without one."""
+    if "GATEHOUSE_TEST_POSTGRES" not in os.environ:
+        pytest.skip("needs GATEHOUSE_TEST_POSTGRES (scripts/test starts PostgreSQL)")
+    host, port = os.environ["GATEHOUSE_TEST_POSTGRES"].split(":")
+    database = f"{prefix}_{secrets.token_hex(4)}"
+    subprocess.run(["psql", "-h", host, "-p", port, "-U", "gatehouse", "-d", "gatehouse", "-tAc", f"CREATE DATABASE {database}"],
+                   capture_output=True, check=True, timeout=30)
+    return f"  postgres: {{host: {host}, port: {port}, database: {database}, username: gatehouse}}"
