@@ -180,7 +180,7 @@ struct DPoPTests {
         #expect(set.count == 3)
         #expect(set.firstUse("k:e", epoch: 12, current: 12) == .fresh)
         #expect(set.count == 2)
-        #expect(set.firstUse("k:c", epoch: 10, current: 12) == .unknown)
+        #expect(set.firstUse("k:c", epoch: 10, current: 12) == .expired)
         #expect(set.firstUse("k:f", epoch: 11, current: 12) == .fresh)
         #expect(set.isRemembered("k:f", epoch: 11))
         #expect(!set.isRemembered("k:f", epoch: 12))
@@ -218,6 +218,45 @@ struct DPoPTests {
             Issue.record("a kept header skipped the htm check")
         } catch {
             #expect(error.description.contains("htm"))
+        }
+    }
+
+    @Test func aProofWhoseEpochEndedMeanwhileIsNeverFreshAgain() {
+        let set = EpochReplaySet(maximumEntries: 100)
+        #expect(set.firstUse("k:a", epoch: 9, current: 10) == .fresh)
+        // Its nonce (epoch 9) checked at the very end of epoch 10, the proof spent once epoch 11
+        // began: its set is gone, and neither memory nor the store (which never held it) may say fresh.
+        #expect(set.firstUse("k:a", epoch: 9, current: 11) == .expired)
+        #expect(set.firstUse("k:b", epoch: 9, current: 11) == .expired)
+        #expect(set.isRemembered("k:a", epoch: 9))
+        // A clock stepped back into epoch 10 (its nonces of epoch 9 good again) revives nothing.
+        #expect(set.firstUse("k:a", epoch: 9, current: 10) == .expired)
+        #expect(set.firstUse("k:c", epoch: 10, current: 10) == .fresh)
+    }
+
+    @Test func aKeptHeaderIsFoundOnlyByItsExactBytes() throws {
+        // A header whose base64url holds a K: the same text with U+212A KELVIN SIGN is equal to it
+        // as a Swift string (canonical equivalence), but is no base64url and no JWT.
+        var signer = Signer()
+        var segment = Substring(signer.proof().split(separator: ".")[0])
+        for _ in 0..<200 where !segment.contains("K") {
+            signer = Signer()
+            segment = Substring(signer.proof().split(separator: ".")[0])
+        }
+        try #require(segment.contains("K"))
+        _ = try verify(signer.proof(token: "t"), token: "t")
+        let kelvin = segment.replacingOccurrences(of: "K", with: "\u{212A}")
+        #expect(Substring(kelvin) == segment)
+        #expect(ProofHeaders.shared.header(Substring(kelvin)) == nil)
+        let payload = Base64URL.encode(try JSONSerialization.data(withJSONObject: [
+            "htm": "GET", "htu": Self.url, "iat": Self.now.timeIntervalSince1970, "jti": SecureToken.generate()]))
+        let input = kelvin + "." + payload
+        let forged = input + "." + Base64URL.encode(try signer.key.signature(for: Data(input.utf8)).rawRepresentation)
+        do {
+            _ = try verify(forged)
+            Issue.record("a header that is no base64url was taken from the kept headers")
+        } catch {
+            #expect(error.description == "the DPoP proof is not a JWT")
         }
     }
 }

@@ -111,6 +111,10 @@ public final class EpochReplaySet: Sendable {
         case replayed
         /// Memory cannot say (the epoch's set overflowed): ask the store.
         case unknown
+        /// The epoch's set is gone (the epoch before the previous one began, by the latest
+        /// clock this set has seen): memory can no longer say, and the store never held what
+        /// memory alone accepted under it, so the proof is refused.
+        case expired
     }
 
     /// 128 bits of SHA-256 of the proof's key and `jti`: 16 bytes an entry, whatever their length.
@@ -138,6 +142,8 @@ public final class EpochReplaySet: Sendable {
     private struct State {
         var epochs: [Int64: Epoch] = [:]
         var count = 0
+        /// The latest current epoch seen: a clock that steps back never revives a dropped epoch.
+        var horizon = Int64.min
     }
 
     private let maximumEntries: Int
@@ -148,16 +154,20 @@ public final class EpochReplaySet: Sendable {
     }
 
     /// Spends `key` under the nonce epoch `epoch`, while `current` is the epoch now: epochs
-    /// before `current - 1` are forgotten first (their nonces are no longer accepted).
+    /// before `current - 1` are forgotten first (their nonces are no longer accepted). A proof
+    /// whose nonce was checked just before an epoch ended may arrive here after its set went:
+    /// `expired`, never `fresh` and never the store's to answer.
     public func firstUse(_ key: String, epoch: Int64, current: Int64) -> Use {
         let key = Key(key)
         return state.withLock { state in
-            if state.epochs.keys.contains(where: { $0 < current - 1 }) {
-                for old in Array(state.epochs.keys) where old < current - 1 {
+            state.horizon = max(state.horizon, current)
+            let oldest = state.horizon - 1
+            if state.epochs.keys.contains(where: { $0 < oldest }) {
+                for old in Array(state.epochs.keys) where old < oldest {
                     state.count -= state.epochs.removeValue(forKey: old)?.ids.count ?? 0
                 }
             }
-            guard epoch >= current - 1 else { return .unknown }
+            guard epoch >= oldest else { return .expired }
             // Changed in place (`default:`): a copy of the set out of the dictionary would copy it whole.
             if state.epochs[epoch]?.ids.contains(key) == true { return .replayed }
             guard state.count < maximumEntries else {
@@ -170,10 +180,12 @@ public final class EpochReplaySet: Sendable {
         }
     }
 
-    /// Whether `key` was spent under `epoch` (nothing is changed).
+    /// Whether `key` was spent under `epoch`, or the epoch's set is gone (nothing is changed).
     public func isRemembered(_ key: String, epoch: Int64) -> Bool {
         let key = Key(key)
-        return state.withLock { $0.epochs[epoch]?.ids.contains(key) ?? false }
+        return state.withLock { state in
+            epoch < state.horizon - 1 || (state.epochs[epoch]?.ids.contains(key) ?? false)
+        }
     }
 
     public var count: Int { state.withLock { $0.count } }

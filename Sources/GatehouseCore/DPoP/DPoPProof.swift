@@ -178,23 +178,33 @@ public enum DPoPProof {
 final class ProofHeaders: Sendable {
     static let shared = ProofHeaders(maximumEntries: 10_000)
 
+    /// A header longer than this is checked every time, never kept.
+    static let maximumSegment = 2048
+
     private let maximumEntries: Int
-    private let entries = Mutex<[Substring: DPoPProof.Header]>([:])
+    /// By the segment's text; each entry keeps the exact bytes it was made from, since
+    /// `Substring` equality is Unicode's canonical equivalence, not byte equality.
+    private let entries = Mutex<[Substring: (bytes: Substring, header: DPoPProof.Header)]>([:])
 
     init(maximumEntries: Int) {
         self.maximumEntries = maximumEntries
     }
 
     func header(_ segment: Substring) -> DPoPProof.Header? {
-        entries.withLock { $0[segment] }
+        guard segment.utf8.count <= Self.maximumSegment else { return nil }
+        return entries.withLock { entries in
+            guard let entry = entries[segment], entry.bytes.utf8.elementsEqual(segment.utf8) else { return nil }
+            return entry.header
+        }
     }
 
     func remember(_ header: DPoPProof.Header, for segment: Substring) {
+        guard segment.utf8.count <= Self.maximumSegment else { return }
         // Its own copy of the text: a Substring would keep the whole proof alive.
         let key = Substring(String(segment))
         entries.withLock { entries in
             if entries.count >= maximumEntries { entries.removeAll(keepingCapacity: true) }
-            entries[key] = header
+            entries[key] = (key, header)
         }
     }
 }

@@ -148,7 +148,8 @@ struct DPoPEnforcement: Sendable {
         if let epochs, let epoch = proof.nonceEpoch {
             switch epochs.firstUse(key, epoch: epoch, current: nonces.epoch(at: now)) {
             case .fresh: return .spent
-            case .replayed: return .replayed
+            // Its nonce died between the check and now: refused (rare: the instant an epoch ends).
+            case .replayed, .expired: return .replayed
             case .unknown: return .toRecord(spend())
             }
         }

@@ -149,4 +149,23 @@ struct DPoPReplayProtectionTests {
         #expect(dpop.fastPathProof([proof(dpop.nonces.current(now: clock.withLock { $0 }))], method: "GET", path: "/api/orders", token: token,
                                    boundThumbprint: thumbprint) != nil)
     }
+
+    @Test func aProofSpentInMemoryIsNotFreshAgainOnceItsEpochsSetIsGone() async throws {
+        let clock = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+        let store = CountingStore()
+        let dpop = Self.enforcement(.instanceNonce, store: store, now: { clock.withLock { $0 } })
+        let nonces = dpop.nonces
+        let start = nonces.end(of: nonces.epoch(at: clock.withLock { $0 }))
+        // A nonce of epoch e, the proof first spent during e + 1 (its nonce still good).
+        let nonce = nonces.current(now: start.addingTimeInterval(-1))
+        clock.withLock { $0 = start.addingTimeInterval(1) }
+        let proof = try Self.verified(Signer().proof(nonce: nonce, iat: start), by: dpop, now: start.addingTimeInterval(1))
+        #expect(await dpop.spend(proof) == .fresh)
+        // Replayed: checked just before e + 1 ends, spent once e + 2 began. The store never held
+        // it (memory answered alone), so it must not be asked now.
+        clock.withLock { $0 = nonces.end(of: nonces.epoch(at: start) ).addingTimeInterval(0.5) }
+        #expect(await dpop.spend(proof) == .replayed)
+        #expect(dpop.hasSeen(proof))
+        #expect(store.calls.load(ordering: .relaxed) == 0)
+    }
 }
