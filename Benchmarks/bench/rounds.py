@@ -167,8 +167,7 @@ def run_target(ctx, target, sides):
                 perf = start_perf(ctx, target, s)
             run = one(s, round_)
             if perf:
-                if perf.wait() != 0:
-                    warn(f"perf record exited with status {perf.returncode} (see {OUT_DIR / f'perf-{target.name}.log'})")
+                wait_perf(target, perf)
                 profile_report(ctx, target, run)
             if s.get("proc") is not None and s["proc"].poll() is not None:
                 warn(f"{s['name']} exited during the load run; last 30 lines of its log:")
@@ -192,6 +191,12 @@ def start_perf(ctx, target, s):
                             stdout=open(OUT_DIR / f"perf-{target.name}.log", "wb"), stderr=subprocess.STDOUT)
 
 
+def wait_perf(target, perf):
+    """Waits for `start_perf`'s recording to end; a warning when it failed."""
+    if perf.wait() != 0:
+        warn(f"perf record exited with status {perf.returncode} (see {OUT_DIR / f'perf-{target.name}.log'})")
+
+
 def profile_on_miss(ctx, target, live, one):
     """When the target's rounds miss one of its `profile_goals`: one extra run of its Gatehouse row
     under perf, after the rounds and not counted, profiled into the report (or a note why not)."""
@@ -211,8 +216,7 @@ def profile_on_miss(ctx, target, live, one):
     pause(ctx.pause_s)
     perf = start_perf(ctx, target, s)
     run = one(s, "profile", record=False)
-    if perf.wait() != 0:
-        warn(f"perf record exited with status {perf.returncode} (see {OUT_DIR / f'perf-{target.name}.log'})")
+    wait_perf(target, perf)
     if run.get("rps") is None or problems_of(run):
         ctx.results.notes.append(f"{target.label}: the extra run under perf after {', '.join(missed)} was missed was not valid: "
                                  + ("; ".join(problems_of(run)) or "no numbers"))

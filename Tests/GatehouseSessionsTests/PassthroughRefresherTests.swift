@@ -60,7 +60,7 @@ struct PassthroughRefresherTests {
         let gate = Gate()
         try await Fixture.with(ScriptedUpstream(gate: gate)) { fixture, first in
             let reads = Arrivals()
-            let second = fixture.refresher(store: ObservedStore(base: fixture.store, reads: reads))
+            let second = fixture.refresher(store: CountingStore(base: fixture.store, reads: reads))
             async let firstResult = Self.refresh(first, fixture)
             // The first instance holds the lease and is asking the upstream...
             await fixture.upstream.called.reached(1)

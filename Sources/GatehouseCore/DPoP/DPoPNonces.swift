@@ -5,7 +5,7 @@ import Synchronization
 /// Server nonces for DPoP proofs (RFC 9449 §8): a nonce is an epoch (a time step) and an HMAC of
 /// it. A nonce is good in its epoch and the next.
 ///
-/// - `shared(key:lifetime:)`: the key is derived from the session key ring, so every instance
+/// - `init(key:lifetime:)`: the key is derived from the session key ring, so every instance
 ///   accepts a nonce another gave out (`dpop.nonce: true` with the `store` replay protection).
 /// - `instanceBound(epoch:)`: the key is made at random when the process starts and never leaves
 ///   it, so only this process, in this life, accepts its nonces: a proof carrying one can only
@@ -13,24 +13,17 @@ import Synchronization
 public struct DPoPNonces: Sendable {
     private let key: SymmetricKey
     private let step: TimeInterval
-    /// Whether the key is this process's own (`instanceBound`).
-    public let isInstanceBound: Bool
     /// The nonces of the last epochs asked about, so that a request costs no HMAC.
     private let made = NonceMemo()
 
     public init(key: SymmetricKey, lifetime: TimeInterval) {
-        self.init(key: key, step: lifetime, instanceBound: false)
-    }
-
-    private init(key: SymmetricKey, step: TimeInterval, instanceBound: Bool) {
         self.key = key
-        self.step = max(1, step)
-        self.isInstanceBound = instanceBound
+        self.step = max(1, lifetime)
     }
 
     /// Nonces only this process accepts, under a key made now, epochs of `epoch` seconds.
     public static func instanceBound(epoch: TimeInterval) -> DPoPNonces {
-        DPoPNonces(key: SymmetricKey(size: .bits256), step: epoch, instanceBound: true)
+        DPoPNonces(key: SymmetricKey(size: .bits256), lifetime: epoch)
     }
 
     /// The epoch `now` is in.

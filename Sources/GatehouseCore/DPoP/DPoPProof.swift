@@ -182,9 +182,9 @@ final class ProofHeaders: Sendable {
     static let maximumSegment = 2048
 
     private let maximumEntries: Int
-    /// By the segment's text; each entry keeps the exact bytes it was made from, since
+    /// By the segment's text. A lookup also compares the bytes of the key it found, since
     /// `Substring` equality is Unicode's canonical equivalence, not byte equality.
-    private let entries = Mutex<[Substring: (bytes: Substring, header: DPoPProof.Header)]>([:])
+    private let entries = Mutex<[Substring: DPoPProof.Header]>([:])
 
     init(maximumEntries: Int) {
         self.maximumEntries = maximumEntries
@@ -193,8 +193,8 @@ final class ProofHeaders: Sendable {
     func header(_ segment: Substring) -> DPoPProof.Header? {
         guard segment.utf8.count <= Self.maximumSegment else { return nil }
         return entries.withLock { entries in
-            guard let entry = entries[segment], entry.bytes.utf8.elementsEqual(segment.utf8) else { return nil }
-            return entry.header
+            guard let index = entries.index(forKey: segment), entries[index].key.utf8.elementsEqual(segment.utf8) else { return nil }
+            return entries[index].value
         }
     }
 
@@ -204,7 +204,7 @@ final class ProofHeaders: Sendable {
         let key = Substring(String(segment))
         entries.withLock { entries in
             if entries.count >= maximumEntries { entries.removeAll(keepingCapacity: true) }
-            entries[key] = (key, header)
+            entries[key] = header
         }
     }
 }

@@ -28,8 +28,7 @@ public enum Base64URL {
     /// alphabet, padding, or a length no encoding has). One pass over the UTF-8 bytes: a DPoP
     /// proof on the relay's fast path decodes three of these per request.
     public static func decode(_ text: String) -> Data? {
-        var text = text
-        return text.withUTF8 { decode(utf8: $0) }
+        decode(text[...])
     }
 
     /// `decode` of a part of a text (a JWT's segment), without copying it out first.

@@ -72,44 +72,18 @@ struct UnreachableStore: PassthroughTokenStore {
     func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws { throw Down() }
 }
 
-/// The real store, seen by one instance whose reads of a token's record the test counts (to
-/// know that instance has found another's lease before letting that other instance finish).
-struct ObservedStore: PassthroughTokenStore {
-    let base: any PassthroughTokenStore
-    let reads: Arrivals
-
-    func bindPassthroughTokens(_ tokens: [(hash: String, expiresAt: Date)], clientID: String, upstream: String) async throws {
-        try await base.bindPassthroughTokens(tokens, clientID: clientID, upstream: upstream)
-    }
-
-    func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
-        defer { reads.arrive() }
-        return try await base.passthroughToken(hash: hash)
-    }
-
-    func acquirePassthroughRefresh(hash: String, clientID: String, upstream: String, owner: String, until: Date, now: Date,
-                                   answeredBefore: Date, expiresAt: Date) async throws -> Bool {
-        try await base.acquirePassthroughRefresh(hash: hash, clientID: clientID, upstream: upstream, owner: owner, until: until, now: now,
-                                                 answeredBefore: answeredBefore, expiresAt: expiresAt)
-    }
-
-    func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
-        try await base.answerPassthroughRefresh(hash: hash, sealed: sealed, rotated: rotated, now: now, keepUntil: keepUntil)
-    }
-
-    func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
-        try await base.releasePassthroughRefresh(hash: hash, owner: owner, forget: forget)
-    }
-}
-
-/// The real store, every call named in `calls` in the order made (each is one statement on SQLite and PostgreSQL).
+/// The real store, every call named in `calls` in the order made (each is one statement on SQLite
+/// and PostgreSQL). `reads`, when given, arrives at each read of a token's record (with or without
+/// its lease): a test of two instances knows when one has found the other's lease.
 final class CountingStore: PassthroughTokenStore {
     let base: any PassthroughTokenStore
+    let reads: Arrivals?
     private let made = Mutex<[String]>([])
     var calls: [String] { made.withLock { $0 } }
 
-    init(base: any PassthroughTokenStore) {
+    init(base: any PassthroughTokenStore, reads: Arrivals? = nil) {
         self.base = base
+        self.reads = reads
     }
 
     private func note(_ call: String) { made.withLock { $0.append(call) } }
@@ -121,12 +95,14 @@ final class CountingStore: PassthroughTokenStore {
 
     func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
         note("read")
+        defer { reads?.arrive() }
         return try await base.passthroughToken(hash: hash)
     }
 
     func readPassthroughRefresh(hash: String, clientID: String, owner: String, until: Date, now: Date,
                                 answeredBefore: Date) async throws -> PassthroughLeaseAttempt {
         note("readAndLease")
+        defer { reads?.arrive() }
         return try await base.readPassthroughRefresh(hash: hash, clientID: clientID, owner: owner, until: until, now: now,
                                                      answeredBefore: answeredBefore)
     }
