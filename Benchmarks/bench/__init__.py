@@ -9,9 +9,10 @@ only. By concern:
     references    the nginx backend and the reference proxies
     gatehouse     Gatehouse instances: configuration, start, ready, warm-up
     rounds        the interleaved wrk rounds and one measured run (CPU, RSS from /proc)
-    relay, forward_auth, stack, refresh
+    relay, forward_auth, stack, refresh, failover
                   the targets: relay/direct/footprint; forward-auth; the sealed stack, sealed
-                  targets and storm; the token endpoint and the refresh capacity
+                  targets and storm; the token endpoint and the refresh capacity; the PostgreSQL
+                  failover (the end-to-end test run with the harness's binary, its figures' table)
     proc, wrk, stats
                   /proc readers; wrk's output; medians, percentiles, Results
     report, tables

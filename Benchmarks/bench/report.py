@@ -12,7 +12,7 @@ from pathlib import Path
 from .goals import goals_table
 from .paths import REPORT, ROOT, RUNS_DIR, SEALED_PY
 from .processes import say
-from . import tables
+from . import failover, tables
 
 
 def command_line(ctx):
@@ -80,7 +80,7 @@ def write_report(ctx):
     for name in ("haproxy", "caddy"):
         if name in ctx.versions:
             software.append(f"{ctx.versions[name]} ({ctx.peer_threads} threads)")
-    software += [ctx.versions.get("wrk", "?"), ctx.versions.get("openssl", "?")]
+    software += ([ctx.versions.get("wrk", "?")] if ctx.needs_wrk else []) + [ctx.versions.get("openssl", "?")]
     add(f"- software: {', '.join(software)}")
     if ctx.needs_stack:
         pg = f"; PostgreSQL {ctx.versions['postgresql']} (scripts/postgres: fsync off, synchronous_commit off, log_statement none, pg_stat_statements)" if ctx.versions.get("postgresql") else ""
@@ -127,6 +127,8 @@ def write_report(ctx):
         add(tables.token_table(ctx))
     if "capacity" in ctx.names:
         add(tables.capacity_table(ctx))
+    if "failover" in ctx.names:
+        add(failover.section(ctx))
     for name, text in r.profile.items():
         add(f"### Where the time goes: {name} ({r.profile_how.get(name, 'its last Gatehouse round, under perf')})")
         add("")

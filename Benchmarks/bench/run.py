@@ -18,7 +18,7 @@ from .processes import Children, fail, free_ports, warn
 from .settings import env_int, parse_args
 from .stats import Results
 from .targets import PEER, PEERS, TARGET, select
-from . import forward_auth, refresh, references, relay, report, stack, tools
+from . import failover, forward_auth, refresh, references, relay, report, stack, tools
 
 
 class Run:
@@ -84,6 +84,7 @@ class Run:
         self.needs_gatehouse = not self.nginx_only and any(t.kind != "direct" for t in self.targets)
         self.needs_stack = any(t.stack for t in self.targets)
         self.needs_pg = any(t.pg for t in self.targets)
+        self.needs_wrk = True   # bench.tools: whether a selected target runs wrk
         self.children = Children()
         self.contexts = contextlib.ExitStack()  # what runs in a `with` (the upstream: sandbox.dot.run)
         self.results = Results()
@@ -159,6 +160,8 @@ class Run:
             refresh.token_target(self)
         if "capacity" in self.names:
             refresh.capacity_target(self)
+        if "failover" in self.names:
+            failover.failover_target(self)
         report.write_report(self)
 
     def cleanup(self):

@@ -120,6 +120,7 @@ class Results:
         self.profile = {}       # target -> its perf profile (perf_buckets.py's table)
         self.profile_how = {}   # target -> which run it is of (the last round, or an extra one after a missed goal)
         self.wrk_shown = {}     # "target/side" -> command
+        self.failover = None    # the failover target: figures, how the test failed, its log (bench.failover)
         self._summary = {}
 
     def side(self, target, side):

@@ -12,7 +12,7 @@ from .paths import DATA, POST_ANSWER, POST_BODY
 @dataclass(frozen=True)
 class Target:
     """One `--only` name. kind: wrk (interleaved wrk rounds against references), direct, footprint,
-    storm, token, capacity."""
+    storm, token, capacity, failover (the end-to-end failover test run with the harness's binary)."""
     name: str
     label: str
     kind: str = "wrk"
@@ -35,6 +35,7 @@ class Target:
     dpop_lines: tuple = ()        # lines under `dpop:` added to its instance's configuration
     dpop_nonce: bool = False      # its proofs carry the instance's nonce (fetched from a 401 after the sign-in)
     profile_goals: tuple = ()     # goal ids: when one is missed, an extra run under perf (not counted) is profiled
+    packages: tuple = ()          # Debian packages it needs (scripts/system-packages names), installed when missing
     what: str = ""
 
 
@@ -64,6 +65,10 @@ TARGETS = [
     Target("storm", "refresh storm", kind="storm", stack=True, pg=True, gatehouse_only=True),
     Target("token", "token endpoint overhead", kind="token", stack=True, pg=True, gatehouse_only=True),
     Target("capacity", "sealed refresh capacity", kind="capacity", stack=True, pg=True, gatehouse_only=True),
+    Target("failover", "PostgreSQL failover", kind="failover", gatehouse_only=True,
+           packages=("etcd-server", "haproxy", "postgresql"),
+           what="Tests/EndToEnd/test_postgres_failover.py with the release binary: two instances through a Patroni "
+                "switchover and failover, synchronous and asynchronous"),
     Target("direct", "nginx direct", kind="direct"),
 ]
 

@@ -1,6 +1,6 @@
-"""What the run needs on the machine: wrk, nginx, openssl and the peers (installed with
-scripts/system-packages PACKAGE… when missing and run as root), their versions, and Gatehouse's
-release build (`swift build -c release`, unless --no-build)."""
+"""What the run needs on the machine: wrk (for the load targets), nginx, openssl, the peers and the
+packages the targets name (installed with scripts/system-packages PACKAGE… when missing and run as
+root), their versions, and Gatehouse's release build (`swift build -c release`, unless --no-build)."""
 
 import os
 import re
@@ -41,7 +41,9 @@ def tools(ctx):
     missing = []
     if not which(PEER["nginx"].binaries):
         missing.append("nginx")
-    for tool, package in (("wrk", "wrk"), ("openssl", "openssl")):
+    ctx.needs_wrk = any(t.kind in ("wrk", "direct") for t in ctx.targets)
+    needed_tools = (("wrk", "wrk"), ("openssl", "openssl")) if ctx.needs_wrk else (("openssl", "openssl"),)
+    for tool, package in needed_tools:
         if not shutil.which(tool):
             missing.append(package)
     if ctx.profile and not shutil.which("perf"):
@@ -51,11 +53,15 @@ def tools(ctx):
         optional.append("linux-perf")  # a missed goal of such a target is profiled (without perf: a note)
     if ctx.needs_pg and not (shutil.which("psql") and list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))):
         optional += ["postgresql", "postgresql-client"]
+    named = sorted({p for t in ctx.targets for p in t.packages} - set(missing) - set(optional))
+    if named:  # scripts/system-packages --check PACKAGE…: its own probes say which are missing
+        check = subprocess.run([str(ROOT / "scripts/system-packages"), "--check", *named], capture_output=True, text=True)
+        optional += [p for p in named if check.returncode and re.search(rf"missing: {re.escape(p)} ", check.stderr)]
     if missing or optional:
         if not install(missing + optional) and missing and os.geteuid() != 0:
             fail(f"run as root, or install them first: sudo apt-get install -y --no-install-recommends {' '.join(missing + optional)}", 1)
     ctx.nginx = which(PEER["nginx"].binaries)
-    for tool in ("wrk", "openssl"):
+    for tool, _ in needed_tools:
         if not shutil.which(tool):
             fail(f"no {tool} binary after installing", 1)
     if not ctx.nginx:
@@ -80,7 +86,8 @@ def tools(ctx):
         out = subprocess.run([a.format(binary=binary) for a in PEER[name].version], capture_output=True, text=True)
         found = re.search(r"(\d+\.\d+[\w.+~-]*)", out.stdout + out.stderr)
         ctx.versions[name] = f"{PEER[name].label} {found.group(1) if found else '?'}"
-    ctx.versions["wrk"] = (subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines() or ["wrk ?"])[0].split(" Copyright")[0]
+    if shutil.which("wrk"):
+        ctx.versions["wrk"] = (subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines() or ["wrk ?"])[0].split(" Copyright")[0]
     ctx.versions["openssl"] = " ".join(subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout.split()[:2])
 
 

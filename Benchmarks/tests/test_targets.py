@@ -19,7 +19,7 @@ def test_every_name_the_data_uses_exists():
         assert set(t.peers) <= set(PEER) and t.peers[0] == "nginx", t.name
         assert set(t.rows) <= set(GH_ROW), t.name
         assert set(t.fronts) <= set(FRONT), t.name
-        assert t.kind in ("wrk", "direct", "footprint", "storm", "token", "capacity")
+        assert t.kind in ("wrk", "direct", "footprint", "storm", "token", "capacity", "failover")
     for group in GROUPS.values():
         assert set(group) <= set(TARGET)
     assert set(NGINX_ONLY_DEFAULT) <= set(TARGET)
@@ -135,5 +135,7 @@ def test_saturation(monkeypatch):
 def test_every_package_the_harness_installs_is_in_scripts_system_packages():
     """bench.tools installs through scripts/system-packages, which refuses a name in neither of its lists."""
     listed = (BENCH_DIR.parent / "scripts/system-packages").read_text()
-    for package in {p.package for p in PEERS} | {"nginx", "wrk", "openssl", "linux-perf", "postgresql", "postgresql-client"}:
+    named = {p for t in TARGETS for p in t.packages}
+    assert named >= {"etcd-server", "haproxy", "postgresql"}  # the failover target's
+    for package in {p.package for p in PEERS} | {"nginx", "wrk", "openssl", "linux-perf", "postgresql", "postgresql-client"} | named:
         assert f'"{package}|' in listed, package

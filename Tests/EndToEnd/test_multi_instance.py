@@ -641,6 +641,10 @@ clients:
         assert [answer.status_code for answer in during] == [503] * 20, during[0].text
         assert max(answer.elapsed.total_seconds() for answer in during) < 5
         assert all(int(answer.headers["Retry-After"]) > 0 for answer in during)
+        # A sign-out the store cannot record is not answered 200 (the app would believe it signed out).
+        signed_out = requests.post(f"http://127.0.0.1:{gh_port}/oauth/revoke", data={"token": pair["refresh_token"], "client_id": "com.example.app"}, timeout=10)
+        assert signed_out.status_code == 503, signed_out.text
+        assert signed_out.json()["error"] == "server_error" and int(signed_out.headers["Retry-After"]) > 0
         # The same PostgreSQL comes back on the same port with the same data.
         bin_dir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
         owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

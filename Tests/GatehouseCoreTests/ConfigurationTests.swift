@@ -107,6 +107,39 @@ extension ConfigurationTests {
         let configuration = try GatehouseConfiguration.decode(.mapping(entries, line: line), secrets: Self.secrets)
         #expect(configuration.store.postgres?.tls == expected)
     }
+
+    static func postgresDocument(_ settings: [(String, ConfigNode)]) -> ConfigNode {
+        guard case .mapping(var entries, let line) = document() else { return document() }
+        entries[1] = (key: "store", value: map([("postgres", map(settings + [
+            ("database", scalar("gatehouse")), ("username", scalar("gatehouse")),
+        ]))]))
+        return .mapping(entries, line: line)
+    }
+
+    @Test func severalPostgresHostsAreTriedInOrder() throws {
+        let hosts = ConfigNode.sequence(["10.0.0.1:5433", "db-b.internal", "[fd00::7]:6432"].map { Self.scalar($0) }, line: 0)
+        let configuration = try GatehouseConfiguration.decode(Self.postgresDocument([("hosts", hosts)]), secrets: Self.secrets)
+        let settings = try #require(configuration.store.postgres)
+        #expect(settings.hosts == [PostgresEndpoint(host: "10.0.0.1", port: 5433), PostgresEndpoint(host: "db-b.internal", port: 5432),
+                                   PostgresEndpoint(host: "fd00::7", port: 6432)])
+        #expect(settings.hosts.map(\.description) == ["10.0.0.1:5433", "db-b.internal:5432", "[fd00::7]:6432"])
+        #expect(settings.tls == .require)
+        let loopback = ConfigNode.sequence(["127.0.0.1:5433", "localhost:5434"].map { Self.scalar($0) }, line: 0)
+        #expect(try GatehouseConfiguration.decode(Self.postgresDocument([("hosts", loopback)]), secrets: Self.secrets).store.postgres?.tls == .disable)
+    }
+
+    @Test(arguments: [
+        ([("hosts", ConfigNode.sequence([], line: 0))], "store.postgres.hosts"),
+        ([("hosts", .sequence([.scalar("db:notaport", line: 0)], line: 0))], "store.postgres.hosts"),
+        ([("hosts", .sequence([.scalar("db:70000", line: 0)], line: 0))], "store.postgres.hosts"),
+        ([("hosts", .sequence([.scalar("fd00::7:5432", line: 0)], line: 0))], "store.postgres.hosts"),
+        ([("hosts", .sequence([.scalar("db-a:5432", line: 0)], line: 0)), ("host", ConfigNode.scalar("db-b", line: 0))], "store.postgres.hosts"),
+        ([("hosts", .sequence([.scalar("db-a:5432", line: 0)], line: 0)), ("port", ConfigNode.scalar("5433", line: 0))], "store.postgres.port"),
+        ([], "store.postgres.host"),
+    ])
+    func postgresServersAreGivenOneWay(settings: [(String, ConfigNode)], path: String) {
+        #expect(Self.problems(Self.postgresDocument(settings)).contains { $0.hasPrefix(path + ":") })
+    }
 }
 
 /// Each kind reads its own settings (`UpstreamRegistry`); these check the presets and the problems.

@@ -190,19 +190,36 @@ extension GatehouseConfiguration {
     }
 
     private static func decodePostgres(_ map: MappingReader, secrets: SecretLookup) -> PostgresSettings? {
-        let host = map.string("host", required: true)
+        let host = map.string("host")
         let port = map.integer("port", in: 1...65535) ?? 5432
+        var hosts: [PostgresEndpoint]?
+        if let list = map.stringList("hosts") {
+            let path = map.childPath("hosts")
+            hosts = list.compactMap { text in
+                guard let endpoint = PostgresEndpoint(text) else {
+                    map.reader.report(path, map.value("hosts"), "each host is HOST or HOST:PORT (IPv6 as [ADDRESS]:PORT)")
+                    return nil
+                }
+                return endpoint
+            }
+            if list.isEmpty { map.reader.report(path, map.value("hosts"), "name at least one host") }
+            if host != nil { map.reader.report(path, map.value("hosts"), "give either host (and port) or hosts, not both") }
+            if map.value("port") != nil { map.reader.report(map.childPath("port"), map.value("port"), "with hosts, give each host its port (HOST:PORT)") }
+        } else if host == nil {
+            map.reader.report(map.childPath("host"), map.node, "give host (and port), or hosts for several servers")
+        }
         let database = map.string("database", required: true)
         let username = map.string("username", required: true)
         let password = decodePassword(map, secrets: secrets)
         let pool = map.integer("pool_size", in: 1...500) ?? 16
-        // TLS is required unless the database is on this machine (a loopback host).
-        let loopback = ["127.0.0.1", "::1", "localhost"].contains(host ?? "")
+        let endpoints = hosts ?? host.map { [PostgresEndpoint(host: $0, port: port)] } ?? []
+        // TLS is required unless every server is on this machine (a loopback host).
+        let loopback = !endpoints.isEmpty && endpoints.allSatisfy { ["127.0.0.1", "::1", "localhost"].contains($0.host) }
         let tls = map.choice("tls", default: loopback ? PostgresSettings.PostgresTLS.disable : .require)
         let caFile = map.string("ca_file")
         map.finish()
-        guard let host, let database, let username else { return nil }
-        return PostgresSettings(host: host, port: port, database: database, username: username, password: password, poolSize: pool,
+        guard !endpoints.isEmpty, let database, let username else { return nil }
+        return PostgresSettings(hosts: endpoints, database: database, username: username, password: password, poolSize: pool,
                                 tls: tls, caFile: caFile)
     }
 

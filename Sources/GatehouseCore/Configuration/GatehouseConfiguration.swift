@@ -126,10 +126,12 @@ public struct StoreSettings: Sendable {
     }
 }
 
-/// A PostgreSQL server Gatehouse instances share (`store.postgres`).
+/// The PostgreSQL database Gatehouse instances share (`store.postgres`): one server (`host`,
+/// `port`), or several (`hosts`), of which Gatehouse writes to the first that accepts writes
+/// (libpq's `target_session_attrs=read-write`).
 public struct PostgresSettings: Sendable {
-    public var host: String
-    public var port: Int
+    /// The servers, in the order they are tried; never empty.
+    public var hosts: [PostgresEndpoint]
     public var database: String
     public var username: String
     public var password: Secret?
@@ -141,17 +143,57 @@ public struct PostgresSettings: Sendable {
 
     public enum PostgresTLS: String, Sendable, CaseIterable { case disable, require }
 
-    public init(host: String, port: Int = 5432, database: String, username: String, password: Secret?, poolSize: Int = 16,
+    public init(hosts: [PostgresEndpoint], database: String, username: String, password: Secret?, poolSize: Int = 16,
                 tls: PostgresTLS = .require, caFile: String? = nil) {
+        precondition(!hosts.isEmpty, "a PostgreSQL store needs a server")
+        self.hosts = hosts
         self.tls = tls
         self.caFile = caFile
-        self.host = host
-        self.port = port
         self.database = database
         self.username = username
         self.password = password
         self.poolSize = poolSize
     }
+
+    public init(host: String, port: Int = 5432, database: String, username: String, password: Secret?, poolSize: Int = 16,
+                tls: PostgresTLS = .require, caFile: String? = nil) {
+        self.init(hosts: [PostgresEndpoint(host: host, port: port)], database: database, username: username, password: password,
+                  poolSize: poolSize, tls: tls, caFile: caFile)
+    }
+}
+
+/// One PostgreSQL server: `HOST`, `HOST:PORT` or `[IPv6]:PORT` (5432 when no port is given).
+public struct PostgresEndpoint: Sendable, Equatable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int = 5432) {
+        self.host = host
+        self.port = port
+    }
+
+    public init?(_ text: String) {
+        var host = Substring(text)
+        var port = 5432
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { return nil }
+            let rest = host[host.index(after: close)...]
+            host = host[host.index(after: host.startIndex)..<close]
+            if !rest.isEmpty {
+                guard rest.hasPrefix(":"), let value = Int(rest.dropFirst()) else { return nil }
+                port = value
+            }
+        } else if let colon = host.lastIndex(of: ":") {
+            guard host.firstIndex(of: ":") == colon, let value = Int(host[host.index(after: colon)...]) else { return nil }
+            port = value
+            host = host[..<colon]
+        }
+        guard !host.isEmpty, (1...65535).contains(port), !host.contains(where: { $0.isWhitespace || $0 == "/" }) else { return nil }
+        self.host = String(host)
+        self.port = port
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 }
 
 /// How Gatehouse proves itself to an upstream token endpoint.

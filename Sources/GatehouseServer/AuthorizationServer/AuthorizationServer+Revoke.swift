@@ -42,7 +42,14 @@ extension AuthorizationServer {
         } else if SessionServices.isGatehouseToken(token) {
             // Gatehouse's own token: never sent to an upstream, whatever happens.
             guard let sealed = sessions else { return Self.revoked() }
-            if let refused = await end(await sessionOf(token, sessions: sealed.services), revokedBy: client, sessions: sealed) { return refused }
+            let session: SessionRecord?
+            do {
+                session = try await sessionOf(token, sessions: sealed.services)
+            } catch {
+                // Never a 200 for a sign-out the store did not record: the app asks again.
+                return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+            }
+            if let refused = await end(session, revokedBy: client, sessions: sealed) { return refused }
         } else if let upstream = upstreams[client.upstream] {
             // RFC 7009 §2.1: a token handed to another app is not this app's to revoke.
             let owner: String?
@@ -86,12 +93,13 @@ extension AuthorizationServer {
         return nil
     }
 
-    private func sessionOf(_ token: String, sessions: SessionServices) async -> SessionRecord? {
+    /// The session `token` belongs to, `nil` when none; throws when the store cannot tell.
+    private func sessionOf(_ token: String, sessions: SessionServices) async throws -> SessionRecord? {
         let hash = SecureToken.hash(token)
         if SessionServices.isAccessToken(token) {
-            return try? await sessions.store.session(forAccessTokenHash: hash, now: now())?.session
+            return try await sessions.store.session(forAccessTokenHash: hash, now: now())?.session
         }
-        guard let record = try? await sessions.store.refreshToken(hash: hash) else { return nil }
-        return try? await sessions.store.session(id: record.sessionID)
+        guard let record = try await sessions.store.refreshToken(hash: hash) else { return nil }
+        return try await sessions.store.session(id: record.sessionID)
     }
 }

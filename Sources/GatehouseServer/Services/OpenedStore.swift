@@ -8,13 +8,13 @@ import ServiceLifecycle
 /// another database than the gateway it administers.
 public struct OpenedStore: Sendable {
     public let store: any GatehouseStore
-    /// Set on PostgreSQL: its pooled client runs as a service, and other instances' revocations are heard.
+    /// Set on PostgreSQL: its pools run as a service, and other instances' revocations are heard.
     let postgres: PostgresStore?
     let sqlite: SQLiteAuthorizationStore?
 
     public static func open(_ configuration: GatehouseConfiguration, logger: Logger) async throws -> OpenedStore {
         if let settings = configuration.store.postgres {
-            let postgres = PostgresStore(client: try PostgresStore.makeClient(settings, logger: logger), poolSize: settings.poolSize, logger: logger)
+            let postgres = PostgresStore(database: try PostgresServers(settings, logger: logger), poolSize: settings.poolSize, logger: logger)
             return OpenedStore(store: postgres, postgres: postgres, sqlite: nil)
         }
         let sqlite = try await SQLiteAuthorizationStore.open(path: configuration.store.sqlitePath, logger: logger)
@@ -22,7 +22,7 @@ public struct OpenedStore: Sendable {
     }
 
     /// What must run beside the server (PostgreSQL's connection pool).
-    var services: [any Service] { postgres.map { [$0.client] } ?? [] }
+    var services: [any Service] { postgres.map { [$0.database] } ?? [] }
 
     /// Brings the schema up to date (PostgreSQL: once its pool runs; SQLite did at `open`).
     func prepare() async throws {
@@ -46,7 +46,7 @@ public struct OpenedStore: Sendable {
             }
         }
         return try await withThrowingTaskGroup(of: Void.self) { group in
-            let pool: any Service = postgres.client
+            let pool: any Service = postgres.database
             group.addTask { try await pool.run() }
             defer { group.cancelAll() }
             try await postgres.migrate()

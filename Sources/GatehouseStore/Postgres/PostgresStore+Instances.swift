@@ -58,7 +58,7 @@ extension PostgresStore {
     }
 
     public func instanceCount() async throws -> Int {
-        try await query("SELECT count(*)::BIGINT FROM instances", logger: logger).first?.decode(Int.self) ?? 0
+        try await query("SELECT count(*)::BIGINT FROM instances", repeatable: true, logger: logger).first?.decode(Int.self) ?? 0
     }
 
     public func instance(id: String) async throws -> InstanceRecord? {
@@ -113,7 +113,7 @@ extension PostgresStore {
 
     private func instances(_ statement: PostgresQuery) async throws -> [InstanceRecord] {
         var result: [InstanceRecord] = []
-        for row in try await query(statement, logger: logger) {
+        for row in try await query(statement, repeatable: true, logger: logger) {
             let c = try row.decode((String, String, String?, String?, Int?, String?, Data?, Int, Int, Int, Int, Int?, String?).self)
             result.append(InstanceRecord(
                 id: c.0, softwareID: c.1, dpopJKT: c.2, certification: c.3.flatMap(InstanceCertification.init(rawValue:)),
@@ -181,7 +181,7 @@ extension PostgresStore {
     public func attemptCount(purpose: String, keyHash: String, now: Date) async throws -> Int {
         let kind = AttemptCounter.kind(purpose)
         let rows = try await query(
-            "SELECT value FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash) AND expires_at > \(ms(now))", logger: logger)
+            "SELECT value FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash) AND expires_at > \(ms(now))", repeatable: true, logger: logger)
         return AttemptCounter.count(decoding: try rows.first?.decode(Data.self))
     }
 
@@ -196,7 +196,7 @@ extension PostgresStore {
 
     public func resetAttempts(purpose: String, keyHash: String) async throws {
         let kind = AttemptCounter.kind(purpose)
-        try await query("DELETE FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash)", logger: logger)
+        try await query("DELETE FROM single_use WHERE kind = \(kind) AND key_hash = \(keyHash)", repeatable: true, logger: logger)
     }
 
     // MARK: Certifications
@@ -222,7 +222,7 @@ extension PostgresStore {
             return verified ? .verified(sealed) : .wrong(remaining: max(0, maximumAttempts - attempts))
         }
         let state = try await query(
-            "SELECT verified, sealed FROM certifications WHERE id_hash = \(idHash) AND expires_at > \(ms(now))", logger: logger)
+            "SELECT verified, sealed FROM certifications WHERE id_hash = \(idHash) AND expires_at > \(ms(now))", repeatable: true, logger: logger)
         guard let row = state.first else { return .unknown }
         let (verified, sealed) = try row.decode((Bool, Data).self)
         return verified ? .verified(sealed) : .locked

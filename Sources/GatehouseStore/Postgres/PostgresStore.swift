@@ -3,6 +3,7 @@ public import GatehouseCore
 public import Logging
 import NIOCore
 import NIOSSL
+import Synchronization
 public import PostgresNIO
 
 /// The shared store for several Gatehouse instances behind a load balancer: PostgreSQL
@@ -12,37 +13,26 @@ public import PostgresNIO
 /// `UPDATE … WHERE … RETURNING`), atomic across every instance sharing the database.
 public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughTokenStore, RevocationAnnouncer, InstanceStore,
     SingleUseStore, CertificationStore, AttemptCounterStore {
-    public let client: PostgresClient
+    /// The servers of `store.postgres` and their pools (run it as a service of the process).
+    public let database: PostgresServers
     let logger: Logger
     let telemetry: StoreTelemetry
+    /// The database's time (ms) until which this instance heard every revocation: its channel was
+    /// up then (nil before it first listened). Where a catch-up read starts.
+    let revocationsHeardUntil = Mutex<Int?>(nil)
 
-    /// `poolSize`: the connections `client` may use for queries (`store.postgres.pool_size`),
+    /// `poolSize`: the connections each host's pool may use for queries (`store.postgres.pool_size`),
     /// for `gatehouse_store_lease_waits_total`; `nil` counts no waits.
-    public init(client: PostgresClient, poolSize: Int? = nil, logger: Logger) {
-        self.client = client
+    public init(database: PostgresServers, poolSize: Int? = nil, logger: Logger) {
+        self.database = database
         self.logger = logger
         self.telemetry = StoreTelemetry(store: "postgres", poolSize: poolSize)
     }
 
-    /// Client settings from Gatehouse's configuration.
-    public static func makeClient(_ settings: PostgresSettings, logger: Logger) throws -> PostgresClient {
-        let tls: PostgresClient.Configuration.TLS
-        switch settings.tls {
-        case .disable:
-            tls = .disable
-        case .require:
-            // Full verification: the certificate chain and the host name.
-            var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-            if let caFile = settings.caFile { tlsConfiguration.trustRoots = .file(caFile) }
-            tls = .require(tlsConfiguration)
-        }
-        var configuration = PostgresClient.Configuration(
-            host: settings.host, port: settings.port, username: settings.username, password: settings.password?.reveal(),
-            database: settings.database, tls: tls)
-        // One more than the pool: the connection that LISTENs for other instances' revocations.
-        configuration.options.maximumConnections = settings.poolSize + 1
-        configuration.options.connectionIdleTimeout = .seconds(60)
-        return PostgresClient(configuration: configuration, backgroundLogger: logger)
+    /// A store on one server's pool, which the caller runs.
+    public convenience init(client: PostgresClient, poolSize: Int? = nil, logger: Logger) {
+        self.init(database: PostgresServers(servers: [.init(endpoint: "postgres", client: client)], logger: logger), poolSize: poolSize,
+                  logger: logger)
     }
 
     // MARK: Migrations
@@ -50,15 +40,18 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     /// Applies the migrations this database has not seen, under an advisory lock so instances
     /// starting together apply each exactly once.
     public func migrate() async throws {
-        try await client.withTransaction(logger: logger) { connection in
-            try await connection.query("SELECT pg_advisory_xact_lock(72657301)", logger: logger)
-            try await connection.query("CREATE TABLE IF NOT EXISTS gatehouse_migrations (version INTEGER PRIMARY KEY)", logger: logger)
-            var applied = 0
-            for try await version in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM gatehouse_migrations", logger: logger)
-                .decode(Int.self) { applied = version }
-            for (index, migration) in Self.migrations.enumerated() where index >= applied {
-                for statement in migration { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger) }
-                try await connection.query("INSERT INTO gatehouse_migrations (version) VALUES (\(index + 1))", logger: logger)
+        let logger = self.logger
+        try await database.withConnection { connection in
+            try await connection.withTransaction(logger: logger) { connection in
+                try await connection.query("SELECT pg_advisory_xact_lock(72657301)", logger: logger)
+                try await connection.query("CREATE TABLE IF NOT EXISTS gatehouse_migrations (version INTEGER PRIMARY KEY)", logger: logger)
+                var applied = 0
+                for try await version in try await connection.query("SELECT COALESCE(MAX(version), 0) FROM gatehouse_migrations", logger: logger)
+                    .decode(Int.self) { applied = version }
+                for (index, migration) in Self.migrations.enumerated() where index >= applied {
+                    for statement in migration { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger) }
+                    try await connection.query("INSERT INTO gatehouse_migrations (version) VALUES (\(index + 1))", logger: logger)
+                }
             }
         }
     }
@@ -97,6 +90,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
         ],
         instanceSchema,
         instanceLimitsSchema,
+        revocationsSchema,
     ]
 
     // MARK: Authorization state
@@ -129,21 +123,21 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
         let cutoff = ms(now)
         var removed = 0
         for table in ["authorization_transactions", "issued_codes", "access_tokens", "refresh_tokens", "passthrough_tokens",
-                      "instances", "single_use", "certifications"] {
-            removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), logger: logger))
+                      "instances", "single_use", "certifications", "revocations"] {
+            removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), repeatable: true, logger: logger))
         }
-        let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
+        let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", repeatable: true, logger: logger)
         for row in ended {
             let id = try row.decode(String.self)
             removed += 1
-            try await query("DELETE FROM refresh_tokens WHERE session_id = \(id)", logger: logger)
-            try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+            try await query("DELETE FROM refresh_tokens WHERE session_id = \(id)", repeatable: true, logger: logger)
+            try await query("DELETE FROM access_tokens WHERE session_id = \(id)", repeatable: true, logger: logger)
         }
         return removed
     }
 
     public func checkHealth() async throws {
-        try await query("SELECT 1", logger: logger)
+        try await query("SELECT 1", repeatable: true, logger: logger)
     }
 
     // MARK: Sessions
@@ -170,7 +164,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
         let rows = try await query(PostgresQuery(unsafeSQL: """
             SELECT \(Self.columns), a.expires_at FROM access_tokens a JOIN sessions s ON s.id = a.session_id
             WHERE a.hash = $1 AND a.expires_at > $2 AND s.revoked_at IS NULL AND s.expires_at > $2
-            """, binds: binds(hash, ms(now))), logger: logger)
+            """, binds: binds(hash, ms(now))), repeatable: true, logger: logger)
         guard let row = rows.first else { return nil }
         let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, String?, Int).self)
         return (Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13), Self.date(c.14))
@@ -186,7 +180,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 
     public func refreshToken(hash: String) async throws -> RefreshTokenRecord? {
         let rows = try await query(
-            "SELECT hash, session_id, expires_at, replaced_at, successor_sealed FROM refresh_tokens WHERE hash = \(hash)", logger: logger)
+            "SELECT hash, session_id, expires_at, replaced_at, successor_sealed FROM refresh_tokens WHERE hash = \(hash)", repeatable: true, logger: logger)
         guard let row = rows.first else { return nil }
         let (hash, session, expires, replaced, successor) = try row.decode((String, String, Int, Int?, Data?).self)
         return RefreshTokenRecord(hash: hash, sessionID: session, expiresAt: Self.date(expires), replacedAt: replaced.map(Self.date),
@@ -202,20 +196,20 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     }
 
     public func deleteTokens(accessHash: String, refreshHash: String) async throws {
-        try await query("DELETE FROM access_tokens WHERE hash = \(accessHash)", logger: logger)
-        try await query("DELETE FROM refresh_tokens WHERE hash = \(refreshHash)", logger: logger)
+        try await query("DELETE FROM access_tokens WHERE hash = \(accessHash)", repeatable: true, logger: logger)
+        try await query("DELETE FROM refresh_tokens WHERE hash = \(refreshHash)", repeatable: true, logger: logger)
     }
 
     public func revokeSession(id: String, now: Date) async throws {
-        try await query("UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND revoked_at IS NULL", logger: logger)
-        try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger)
+        try await query("UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND revoked_at IS NULL", repeatable: true, logger: logger)
+        try await query("DELETE FROM access_tokens WHERE session_id = \(id)", repeatable: true, logger: logger)
     }
 
     public func revokeSession(id: String, ifVersion version: Int, now: Date) async throws -> Bool {
         let ended = try await count(query(
             "UPDATE sessions SET revoked_at = \(ms(now)) WHERE id = \(id) AND version = \(version) AND revoked_at IS NULL RETURNING 1",
             logger: logger)) > 0
-        if ended { try await query("DELETE FROM access_tokens WHERE session_id = \(id)", logger: logger) }
+        if ended { try await query("DELETE FROM access_tokens WHERE session_id = \(id)", repeatable: true, logger: logger) }
         return ended
     }
 
@@ -234,12 +228,12 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             UPDATE sessions SET lease_owner = \(owner), lease_until = \(ms(until))
             WHERE id = \(sessionID) AND revoked_at IS NULL AND (lease_until IS NULL OR lease_until <= \(ms(now)) OR lease_owner = \(owner))
             RETURNING 1
-            """, logger: logger)) > 0
+            """, repeatable: true, logger: logger)) > 0
     }
 
     public func releaseRefreshLease(sessionID: String, owner: String) async throws {
         try await query("UPDATE sessions SET lease_owner = NULL, lease_until = NULL WHERE id = \(sessionID) AND lease_owner = \(owner)",
-                               logger: logger)
+                               repeatable: true, logger: logger)
     }
 
     public func writeUpstreamTokens(sessionID: String, expectedVersion: Int, keyID: String, sealed: Data, upstreamExpiresAt: Date?) async throws -> Bool {
@@ -252,7 +246,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     }
 
     public func setSubject(_ subject: String, sessionID: String) async throws {
-        try await query("UPDATE sessions SET subject = \(subject) WHERE id = \(sessionID)", logger: logger)
+        try await query("UPDATE sessions SET subject = \(subject) WHERE id = \(sessionID)", repeatable: true, logger: logger)
     }
 
     public func sessions(subject: String?) async throws -> [SessionRecord] {
@@ -286,7 +280,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             INSERT INTO passthrough_tokens (hash, client_id, upstream, expires_at)
             SELECT hash, \(clientID), \(upstream), expiry FROM unnest(\(hashes)::text[], \(expiries)::bigint[]) AS pair (hash, expiry)
             ON CONFLICT (hash) DO NOTHING
-            """, logger: logger)
+            """, repeatable: true, logger: logger)
     }
 
     public func passthroughToken(hash: String) async throws -> PassthroughTokenRecord? {
@@ -294,7 +288,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             """
             SELECT hash, client_id, upstream, expires_at, lease_owner, lease_until, answered_at, answer_sealed, rotated
             FROM passthrough_tokens WHERE hash = \(hash)
-            """, logger: logger)
+            """, repeatable: true, logger: logger)
         guard let row = rows.first else { return nil }
         let c = try row.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool).self)
         return PassthroughTokenRecord(hash: c.0, clientID: c.1, upstream: c.2, expiresAt: Self.date(c.3), leaseOwner: c.4,
@@ -323,7 +317,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
             SELECT *, TRUE AS leased FROM leased
             UNION ALL
             SELECT *, FALSE AS leased FROM current WHERE NOT EXISTS (SELECT 1 FROM leased)
-            """, logger: logger)
+            """, repeatable: true, logger: logger)
         guard let row = rows.first else { return PassthroughLeaseAttempt(record: nil, leased: false) }
         let c = try row.decode((String, String, String, Int, String?, Int?, Int?, Data?, Bool, Bool).self)
         return PassthroughLeaseAttempt(
@@ -358,10 +352,10 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 
     public func releasePassthroughRefresh(hash: String, owner: String, forget: Bool) async throws {
         if forget {
-            try await query("DELETE FROM passthrough_tokens WHERE hash = \(hash) AND lease_owner = \(owner) AND answered_at IS NULL", logger: logger)
+            try await query("DELETE FROM passthrough_tokens WHERE hash = \(hash) AND lease_owner = \(owner) AND answered_at IS NULL", repeatable: true, logger: logger)
         } else {
             try await query("UPDATE passthrough_tokens SET lease_owner = NULL, lease_until = NULL WHERE hash = \(hash) AND lease_owner = \(owner)",
-                            logger: logger)
+                            repeatable: true, logger: logger)
         }
     }
 
@@ -370,20 +364,69 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     /// The channel revocations are announced on.
     static let revocationChannel = "gatehouse_revocations"
 
+    /// Each announcement is also kept this long (`revocations`), for an instance whose channel
+    /// was down when it was made (a failover, a restart of the database) to read on its return.
+    static let revocationRetention = 10 * 60 * 1000
+
+    /// How far before the last moment an instance knew its channel was up it reads again on its
+    /// return: the two servers' clocks of a failover may differ, and a message read twice is harmless.
+    static let catchUpMargin = 5_000
+
+    /// The database's clock, in milliseconds (one clock for every instance, whatever theirs say).
+    static let databaseNow = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+    static let revocationsSchema = [
+        "CREATE TABLE revocations (id BIGSERIAL PRIMARY KEY, message TEXT NOT NULL, announced_at BIGINT NOT NULL, expires_at BIGINT NOT NULL)",
+        "CREATE INDEX revocations_announced ON revocations (announced_at)",
+    ]
+
+    /// Kept and announced in one statement: the NOTIFY is sent when the row commits.
     public func announceRevocation(_ message: String) async throws {
-        try await query("SELECT pg_notify(\(Self.revocationChannel), \(message))", logger: logger)
+        try await query(PostgresQuery(unsafeSQL: """
+            WITH kept AS (
+                INSERT INTO revocations (message, announced_at, expires_at)
+                VALUES ($2, \(Self.databaseNow), \(Self.databaseNow) + \(Self.revocationRetention))
+            )
+            SELECT pg_notify($1, $2)
+            """, binds: binds(Self.revocationChannel, message)), repeatable: true, logger: logger)
     }
 
     /// Calls `handle` with every revocation announced by any instance, until cancelled or the
     /// connection fails (the caller listens again). `onListening` runs once the LISTEN is in place.
     ///
-    /// The connection is checked every 30 s (a half-open connection, after a failover or a NAT
-    /// timeout, would otherwise deliver nothing and raise no error): a failed check ends the call.
-    public func listenForRevocations(onListening: @escaping @Sendable () -> Void,
+    /// When it listens again, it first reads the revocations kept since the channel was last known
+    /// to be up (less `catchUpMargin`), so what was announced while it was down still arrives.
+    ///
+    /// The connection is checked every `heartbeat` (a half-open connection, after a failover or a
+    /// NAT timeout, would otherwise deliver nothing and raise no error): a failed check ends the call.
+    public func listenForRevocations(heartbeat: Duration = .seconds(5), onListening: @escaping @Sendable () -> Void,
                                      _ handle: @escaping @Sendable (String) async -> Void) async throws {
         let logger = self.logger
-        try await client.withConnection { connection in
+        try await database.withConnection { connection in
+            @Sendable func databaseNow() async throws -> Int {
+                try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
+                    var now = 0
+                    for try await value in try await connection.query(PostgresQuery(unsafeSQL: "SELECT \(Self.databaseNow)"), logger: logger)
+                        .decode(Int.self) { now = value }
+                    return now
+                }
+            }
             try await connection.listen(on: Self.revocationChannel) { notifications in
+                // From here every announcement reaches `notifications`; what came before is in the table.
+                let listening = try await databaseNow()
+                if let since = self.revocationsHeardUntil.withLock({ $0 }) {
+                    let missed = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
+                        let statement: PostgresQuery = "SELECT message FROM revocations WHERE announced_at >= \(since - Self.catchUpMargin) ORDER BY id"
+                        var messages: [String] = []
+                        for try await message in try await connection.query(statement, logger: logger).decode(String.self) { messages.append(message) }
+                        return messages
+                    }
+                    if !missed.isEmpty {
+                        logger.notice("read the revocations announced while the channel was down", metadata: ["count": "\(missed.count)"])
+                    }
+                    for message in missed { await handle(message) }
+                }
+                self.revocationsHeardUntil.withLock { $0 = listening }
                 onListening()
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
@@ -391,8 +434,9 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     }
                     group.addTask {
                         while true {
-                            try await Task.sleep(for: .seconds(30))
-                            _ = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await connection.query("SELECT 1", logger: logger) }
+                            try await Task.sleep(for: heartbeat)
+                            let now = try await databaseNow()
+                            self.revocationsHeardUntil.withLock { $0 = now }
                         }
                     }
                     defer { group.cancelAll() }
@@ -411,17 +455,23 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     /// Runs one statement and reads its rows (the connection goes back to the pool with the
     /// last row): every query of the store but the migrations and the LISTEN passes here, counted
     /// and timed by `telemetry`.
+    ///
+    /// `repeatable`: the statement may be sent again when its connection ended before the answer
+    /// (a read, or a write whose second run changes nothing and answers as the first did);
+    /// otherwise such a failure is `StoreUnavailable` (see `PostgresServers`).
     @discardableResult
-    func query(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
-        let client = self.client
+    func query(_ query: PostgresQuery, repeatable: Bool = false, logger: Logger) async throws -> [PostgresRow] {
+        let database = self.database
         return try await telemetry.measure {
-            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) { try await client.query(query, logger: logger).collect() }
+            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
+                try await database.query(query, repeatable: repeatable, logger: logger)
+            }
         }
     }
 
     private func sessions(_ statement: PostgresQuery) async throws -> [SessionRecord] {
         var result: [SessionRecord] = []
-        let rows = try await query(statement, logger: logger)
+        let rows = try await query(statement, repeatable: true, logger: logger)
         for row in rows {
             let c = try row.decode((String, String, String, String?, String, Data, Int?, Int, Int, Int, Int?, String?, Int?, String?).self)
             result.append(Self.session(c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8, c.9, c.10, c.11, c.12, c.13))
@@ -451,7 +501,3 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     static func date(_ milliseconds: Int) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
 }
 
-/// The database did not answer in time.
-public struct StoreUnavailable: Error, CustomStringConvertible {
-    public var description: String { "the database did not answer in time" }
-}
