@@ -60,6 +60,11 @@ def answers(counts):
     return ", ".join(f"{'no answer' if status == '0' else status}×{n}" for status, n in sorted(counts.items(), key=key))
 
 
+def longest(entry):
+    """The longest time without a 200 from the event on ("–" when the figures do not have it)."""
+    return "–" if "longest_without_success_s" not in entry else seconds(entry["longest_without_success_s"])
+
+
 def row(mode, event, f):
     """One table row of a phase's figures."""
     cells = [mode, event, f"{f['sessions_lost']} / {f['sessions']}", f"{f['revocations_undone']} / {f['revocations']}",
@@ -68,6 +73,7 @@ def row(mode, event, f):
     for instance, _ in INSTANCES:
         refresh, relay = recovery.get(f"refresh@{instance}", {}), recovery.get(f"relay@{instance}", {})
         cells += [seconds(refresh.get("first_success_s")), seconds(relay.get("first_success_s")),
+                  f"{longest(refresh)} / {longest(relay)}",
                   f"{answers(refresh.get('answers_before'))} / {answers(relay.get('answers_before'))}"]
     return "| " + " | ".join(cells) + " |"
 
@@ -96,15 +102,15 @@ def failover_table(figures, failed="", log=""):
     header = ["mode", "event", "sessions lost", "sign-outs undone", "replays accepted", "event (s)"]
     for instance, via in INSTANCES:
         header += [f"#{instance} first refresh 200 (s)", f"#{instance} first relayed 200 (s)",
-                   f"#{instance} error answers before (refresh / relay)"]
+                   f"#{instance} longest without a 200 (refresh / relay, s)", f"#{instance} error answers before (refresh / relay)"]
     if rows:
-        out += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * 4 + "---:|---:|---|" * len(INSTANCES), *rows, ""]
+        out += ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * 4 + "---:|---:|---:|---|" * len(INSTANCES), *rows, ""]
         out.append("Each phase has its own sealed sessions refreshing and calling through both instances while Patroni moves the "
                    "primary; sessions lost: their latest refresh token refused afterwards; sign-outs undone: a sign-out answered 200 "
                    "that no longer holds; replays accepted: a spent refresh token exchanged again. Instance #0 reaches PostgreSQL "
                    "through HAProxy, #1 through `store.postgres.hosts` (both servers, no proxy). The times are seconds from the "
                    "event's start (the switchover request, or the SIGKILL of the primary's Patroni and PostgreSQL) to the first "
-                   "answer 200 of a request sent after it; event (s): until the switchover was done, or a new primary in place. A "
+                   "answer 200 of a request sent after it; the longest without a 200 counts every answer from the event on; event (s): until the switchover was done, or a new primary in place. A "
                    f"killed primary is replaced only once Patroni's leader lock expires (ttl {LEADER_TTL_S} s); a switchover hands the "
                    "lock over without that wait. The error answers are "
                    "those before that first 200 (by status; no answer: a timeout or a refused connection); synchronous mode must "

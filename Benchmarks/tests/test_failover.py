@@ -15,8 +15,8 @@ def phase(lost=0, undone=0, accepted=0, event_s=3.6, unexpected=None, never=Fals
         "sessions": 40, "sessions_lost": lost, "revocations": 4, "revocations_undone": undone,
         "replays_checked": 36, "replays_accepted": accepted, "event_s": event_s,
         "recovery": {
-            "refresh@0": {"first_success_s": 3.9, "answers_before": {"503": 12}},
-            "relay@0": {"first_success_s": 4.25, "answers_before": {}},
+            "refresh@0": {"first_success_s": 3.9, "longest_without_success_s": 3.8, "answers_before": {"503": 12}},
+            "relay@0": {"first_success_s": 4.25, "longest_without_success_s": 4.25, "answers_before": {}},
             "refresh@1": {"first_success_s": None if never else 6.04, "answers_before": {"0": 2, "503": 30}},
             "relay@1": {"first_success_s": 5.5, "answers_before": {"503": 7, "401": 1}},
         },
@@ -58,16 +58,16 @@ def test_a_row_per_mode_and_event_with_each_instance_s_recovery():
     assert text.startswith("### PostgreSQL failover (Patroni + etcd + HAProxy, two instances)\n")
     header = next(l for l in text.splitlines() if l.startswith("| mode "))
     separator = text.splitlines()[text.splitlines().index(header) + 1]
-    assert len(cells(header)) == len(cells(separator)) == 12
+    assert len(cells(header)) == len(cells(separator)) == 14
     assert table_rows(text) == [
-        ["synchronous", "switchover", "0 / 40", "0 / 4", "0 / 36", "1.2", "3.9", "4.2", "503×12 / none",
-         "6.0", "5.5", "503×30, no answer×2 / 503×7, 401×1"],
-        ["synchronous", "failover", "0 / 40", "0 / 4", "0 / 36", "24.5", "3.9", "4.2", "503×12 / none",
-         "6.0", "5.5", "503×30, no answer×2 / 503×7, 401×1"],
-        ["asynchronous", "switchover", "0 / 40", "0 / 4", "0 / 36", "3.6", "3.9", "4.2", "503×12 / none",
-         "6.0", "5.5", "503×30, no answer×2 / 503×7, 401×1"],
-        ["asynchronous", "failover", "1 / 40", "1 / 4", "2 / 36", "3.6", "3.9", "4.2", "503×12 / none",
-         "never", "5.5", "503×30, no answer×2 / 503×7, 401×1"],
+        ["synchronous", "switchover", "0 / 40", "0 / 4", "0 / 36", "1.2", "3.9", "4.2", "3.8 / 4.2", "503×12 / none",
+         "6.0", "5.5", "– / –", "503×30, no answer×2 / 503×7, 401×1"],
+        ["synchronous", "failover", "0 / 40", "0 / 4", "0 / 36", "24.5", "3.9", "4.2", "3.8 / 4.2", "503×12 / none",
+         "6.0", "5.5", "– / –", "503×30, no answer×2 / 503×7, 401×1"],
+        ["asynchronous", "switchover", "0 / 40", "0 / 4", "0 / 36", "3.6", "3.9", "4.2", "3.8 / 4.2", "503×12 / none",
+         "6.0", "5.5", "– / –", "503×30, no answer×2 / 503×7, 401×1"],
+        ["asynchronous", "failover", "1 / 40", "1 / 4", "2 / 36", "3.6", "3.9", "4.2", "3.8 / 4.2", "503×12 / none",
+         "never", "5.5", "– / –", "503×30, no answer×2 / 503×7, 401×1"],
     ]
     assert "leader lock expires (ttl 20 s)" in text and "the SIGKILL of the primary" in text
     assert "the test failed" not in text and "answers that must never be" not in text

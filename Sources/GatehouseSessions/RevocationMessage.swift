@@ -10,7 +10,7 @@ package enum RevocationMessage: Equatable {
     /// Drop this identity-cache entry.
     case identity(TokenKey)
 
-    var text: String {
+    package var text: String {
         switch self {
         case .session(let id): "session " + id
         case .identity(let key): "identity " + key.hex
@@ -31,11 +31,13 @@ package enum RevocationMessage: Equatable {
 }
 
 extension RevocationAnnouncer {
-    /// Tells the other instances; when it cannot, they stop honouring the revocation when their
-    /// cached views expire (at most 10 s), so a failure is logged, not thrown.
+    /// Tells the other instances; when it cannot, they stop honouring a revoked session when
+    /// their cached views of it expire (at most 10 s: the store says it is revoked), so a failure
+    /// is logged, not thrown. (A passthrough token's revocation, which only the announcement
+    /// carries, is announced with `announceRevocation` and answered 503 when that fails.)
     package func announce(_ message: RevocationMessage, logger: Logger) async {
         do { try await announceRevocation(message.text) } catch {
-            logger.warning("could not announce a revocation to other instances; they stop honouring it within 10 s")
+            logger.warning("could not announce a revocation to other instances; they stop honouring the session within 10 s")
         }
     }
 }

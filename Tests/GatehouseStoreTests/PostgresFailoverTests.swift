@@ -2,6 +2,8 @@ import Foundation
 import GatehouseCore
 @testable import GatehouseStore
 import Logging
+import NIOCore
+import NIOPosix
 import PostgresNIO
 import Synchronization
 import Testing
@@ -73,6 +75,33 @@ struct PostgresFailoverTests {
         }
     }
 
+    @Test func aServerThatCannotBeReachedIsPassedOver() async throws {
+        try await Self.withDatabases(1) { _, names in
+            // Nothing listens there: the port of a socket bound and closed.
+            let port = try Self.closedPort()
+            var configuration = PostgresClient.Configuration(host: "127.0.0.1", port: port, username: "gatehouse", password: nil,
+                                                             database: names[0], tls: .disable)
+            configuration.options.connectTimeout = .milliseconds(200)
+            let gone = PostgresClient(configuration: configuration, backgroundLogger: Self.logger)
+            let primary = Self.client(names[0])
+            let database = PostgresServers(servers: [.init(endpoint: "gone", client: gone), .init(endpoint: "primary", client: primary)],
+                                           logger: Self.logger)
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask { try await database.run() }
+                try await database.query("INSERT INTO t VALUES ('written')", repeatable: false, logger: Self.logger)
+                #expect(try await Self.rows(primary) == ["written"])
+                group.cancelAll()
+            }
+        }
+    }
+
+    static func closedPort() throws -> Int {
+        let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+        let port = socket.localAddress?.port ?? 1
+        try socket.close().wait()
+        return port
+    }
+
     @Test func aConnectionFoundReadOnlyIsClosedAndTheStatementSentWhereWritesGo() async throws {
         try await Self.withDatabases(2) { admin, names in
             let first = Self.client(names[0], connections: 1), second = Self.client(names[1])
@@ -141,6 +170,30 @@ struct PostgresFailoverTests {
         }
     }
 
+    @Test(arguments: [true, false])
+    func aStatementPastItsDeadlineEndsAtTheDeadline(repeatable: Bool) async throws {
+        try await Self.withDatabases(1) { _, names in
+            let client = Self.client(names[0])
+            let store = PostgresStore(client: client, logger: Self.logger)
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask { await client.run() }
+                let clock = ContinuousClock()
+                let started = clock.now
+                // As a statement on a connection whose host went silent: no answer comes.
+                await #expect(throws: StoreUnavailable.self) {
+                    try await store.query("SELECT pg_sleep(30)", repeatable: repeatable, logger: Self.logger)
+                }
+                // PostgresNIO's query does not end when cancelled: unless its connection is closed,
+                // the deadline's answer waits for the statement, here the whole 30 s.
+                #expect(clock.now - started < .seconds(15))
+                // The pool lends a working connection afterwards.
+                let after = try await store.query("SELECT 1", repeatable: true, logger: Self.logger)
+                #expect(after.count == 1)
+                group.cancelAll()
+            }
+        }
+    }
+
     @Test func aRevocationAnnouncedWhileTheChannelIsDownArrivesWhenItIsBack() async throws {
         try await Self.withDatabases(1) { admin, names in
             let listenerClient = Self.client(names[0]), announcerClient = Self.client(names[0])
@@ -150,9 +203,11 @@ struct PostgresFailoverTests {
                 group.addTask { await listenerClient.run() }
                 group.addTask { await announcerClient.run() }
                 try await listener.migrate()
+                // Announced after this instance started, before it first listened (it may have cached the token by then).
+                try await announcer.announceRevocation("session early")
                 let heard = Heard()
                 let listening = AsyncStream<Void>.makeStream()
-                // The first subscription: heard, then cut by the server as a failover cuts it.
+                // The first subscription: heard, then cut by the server (every connection to the database) as a failover cuts it.
                 let first = Task {
                     try await listener.listenForRevocations(onListening: { listening.continuation.yield() }) { message in
                         heard.messages.withLock { $0.append(message) }
@@ -160,9 +215,10 @@ struct PostgresFailoverTests {
                 }
                 var ready = listening.stream.makeAsyncIterator()
                 await ready.next()
+                #expect(heard.messages.withLock { $0 } == ["session early"])
                 try await announcer.announceRevocation("session before")
                 try await admin.query(PostgresQuery(unsafeSQL: """
-                    SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(names[0])' AND query LIKE 'SELECT (extract(epoch%'
+                    SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '\(names[0])' AND pid <> pg_backend_pid()
                     """))
                 await #expect(throws: (any Error).self) { try await first.value }
                 // Announced while nobody listens: only the table has it.

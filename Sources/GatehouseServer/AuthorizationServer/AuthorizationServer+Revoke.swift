@@ -68,7 +68,13 @@ extension AuthorizationServer {
             // After the upstream has revoked it, so a lookup racing the revocation is not cached as live.
             let key = TokenKey(token: token, upstream: client.upstream)
             identityCache?.invalidate(key: key)
-            await store.announce(.identity(key), logger: logger)
+            // Only the announcement tells the other instances (nothing in the store says this
+            // token is revoked): without it, the app is asked to try again.
+            do {
+                try await store.announceRevocation(RevocationMessage.identity(key).text)
+            } catch {
+                return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
+            }
         }
         return Self.revoked()
     }
@@ -79,17 +85,24 @@ extension AuthorizationServer {
         return response
     }
 
-    /// Ends `session` when it is `client`'s and live (logged and audited); a store failure is the
-    /// answer, else `nil` (RFC 7009 §2.2: revoking what is not there, or not yours, is a success).
+    /// Ends `session` when it is `client`'s and not expired (logged and audited when it was live);
+    /// a store failure is the answer, else `nil` (RFC 7009 §2.2: revoking what is not there, or
+    /// not yours, is a success).
+    ///
+    /// A session already revoked is ended again: a sign-out answered 503 after its first step
+    /// committed is retried by the app, and the steps after it (this instance's view, the other
+    /// instances, the upstream's tokens) must still run. Each is harmless run twice.
     private func end(_ session: SessionRecord?, revokedBy client: AppClient, sessions: SealedSessions) async -> Response? {
-        guard let session, session.clientID == client.clientID, session.isLive(at: now()) else { return nil }
+        guard let session, session.clientID == client.clientID, session.expiresAt > now() else { return nil }
         do {
             try await sessions.end(session)
         } catch {
             return .oauthError(.serverError("Gatehouse cannot reach its store right now"))
         }
-        logger.info("session revoked by the app", metadata: ["client_id": .string(client.clientID)])
-        audit.record(.revoke, clientID: client.clientID, subject: session.subject, reason: "session_ended")
+        if session.revokedAt == nil {
+            logger.info("session revoked by the app", metadata: ["client_id": .string(client.clientID)])
+            audit.record(.revoke, clientID: client.clientID, subject: session.subject, reason: "session_ended")
+        }
         return nil
     }
 

@@ -84,6 +84,7 @@ public final class PostgresServers: Service, Sendable {
 
     /// Runs one statement on the primary and reads its rows (see the type's comment for what is
     /// sent again after a failure).
+    @discardableResult
     func query(_ query: PostgresQuery, repeatable: Bool, logger: Logger) async throws -> [PostgresRow] {
         // A statement refused as read-only is always sent again; a lost answer only if repeatable.
         var attemptsLeft = 3
@@ -92,20 +93,17 @@ public final class PostgresServers: Service, Sendable {
                 // A short pause before the next try: the pool hears of connections that ended.
                 try await Task.sleep(for: .milliseconds(attemptsLeft == 2 ? 20 : 200))
             }
-            let (index, generation) = try await primary()
             attemptsLeft -= 1
+            let index: Int, generation: Int
+            do {
+                (index, generation) = try await primary()
+            } catch let error as StoreUnavailable {
+                guard attemptsLeft > 0 else { throw error }
+                continue
+            }
             do {
                 return try await servers[index].client.withConnection { connection in
-                    // The pool may lend a connection whose end it has not heard of yet: nothing was sent.
-                    guard !connection.isClosed else { throw ConnectionAlreadyClosed() }
-                    do {
-                        return try await connection.query(query, logger: logger).collect()
-                    } catch let error as PSQLError where Self.isReadOnly(error) || Self.isConnectionLost(error) {
-                        // Closed before it goes back, so the pool replaces it rather than lend it again:
-                        // it reached a standby, or it has ended.
-                        try? await connection.close()
-                        throw error
-                    }
+                    try await Self.send(query, on: connection, logger: logger)
                 }
             } catch let error as PSQLError where Self.isReadOnly(error) {
                 markStale(generation)
@@ -120,7 +118,39 @@ public final class PostgresServers: Service, Sendable {
                 guard repeatable, attemptsLeft > 0 else {
                     throw StoreUnavailable(reason: .connectionLost)
                 }
+            } catch let error as PSQLError {
+                throw error  // the server's answer (a constraint, a syntax error): the caller's to read
+            } catch is CancellationError {
+                throw CancellationError()
+            } catch {
+                // The pool could lend no connection (it gave up connecting): nothing was sent.
+                markStale(generation)
+                guard attemptsLeft > 0 else { throw StoreUnavailable(reason: .connectionLost) }
             }
+        }
+    }
+
+    /// Sends `query` on `connection` and reads its rows.
+    ///
+    /// - A connection the pool lent after it ended (before the pool heard of it) sends nothing:
+    ///   `ConnectionAlreadyClosed`.
+    /// - Cancelled (a deadline passed), it closes the connection: PostgresNIO's query does not
+    ///   end on cancellation, and on a half-open connection (a host gone without a word) it
+    ///   would wait for TCP to give up, minutes later.
+    /// - A connection that reached a read-only server, or ended, is closed before it goes back,
+    ///   so the pool replaces it instead of lending it again.
+    static func send(_ query: PostgresQuery, on connection: PostgresConnection, logger: Logger) async throws -> [PostgresRow] {
+        guard !connection.isClosed else { throw ConnectionAlreadyClosed() }
+        do {
+            return try await withTaskCancellationHandler {
+                try await connection.query(query, logger: logger).collect()
+            } onCancel: {
+                let closing: EventLoopFuture<Void> = connection.close()
+                closing.whenComplete { _ in }
+            }
+        } catch let error as PSQLError where isReadOnly(error) || isConnectionLost(error) {
+            try? await connection.close()
+            throw error
         }
     }
 
@@ -139,35 +169,70 @@ public final class PostgresServers: Service, Sendable {
 
     /// The server to send to: the current one, or, after a failure with several hosts, the first
     /// in order that accepts writes (`SELECT pg_is_in_recovery()` false and the session not
-    /// read-only), as libpq's `target_session_attrs=read-write` picks.
+    /// read-only), as libpq's `target_session_attrs=read-write` picks. Every server is asked at
+    /// once, so a host that is gone costs its deadline only when it comes first and answers nothing.
     private func primary() async throws -> (index: Int, generation: Int) {
         let (current, stale, generation) = state.withLock { ($0.current, $0.stale, $0.generation) }
         guard stale else { return (current, generation) }
-        let logger = self.logger
-        for (index, server) in servers.enumerated() {
-            do {
-                let rows = try await withDeadline(.seconds(1), orThrow: { StoreUnavailable() }) {
-                    try await server.client.query(
-                        "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean", logger: logger).collect()
-                }
-                guard let readOnly = try rows.first?.decode(Bool.self), !readOnly else { continue }
-                let (chosen, next) = state.withLock { selection -> (Int, Int) in
-                    if selection.generation == generation {
-                        selection.current = index
-                        selection.stale = false
-                    }
-                    return (selection.current, selection.generation)
-                }
-                if chosen == index, index != current {
-                    logger.notice("writing to another database server: it accepts writes",
-                                  metadata: ["postgres_host": .string(server.endpoint)])
-                }
-                return (chosen, next)
-            } catch {
-                continue
+        let servers = self.servers, logger = self.logger
+        let found = await withTaskGroup(of: (Int, Bool).self) { group -> Int? in
+            for (index, server) in servers.enumerated() {
+                group.addTask { (index, await Self.acceptsWrites(server, logger: logger)) }
             }
+            var answered = Set<Int>(), writable = Set<Int>()
+            for await (index, accepts) in group {
+                answered.insert(index)
+                if accepts { writable.insert(index) }
+                // The first writable in order, once every server before it has answered.
+                if let best = writable.min(), (0..<best).allSatisfy(answered.contains) {
+                    group.cancelAll()
+                    return best
+                }
+            }
+            return nil
         }
-        throw StoreUnavailable(reason: .noPrimary)
+        guard let index = found else { throw StoreUnavailable(reason: .noPrimary) }
+        let (chosen, next) = state.withLock { selection -> (Int, Int) in
+            if selection.generation == generation {
+                selection.current = index
+                selection.stale = false
+            }
+            return (selection.current, selection.generation)
+        }
+        if chosen == index, index != current {
+            logger.notice("writing to another database server: it accepts writes",
+                          metadata: ["postgres_host": .string(servers[index].endpoint)])
+        }
+        return (chosen, next)
+    }
+
+    /// Whether `server` answers, within 1.5 s, that it takes writes.
+    private static func acceptsWrites(_ server: Server, logger: Logger) async -> Bool {
+        let probe: PostgresQuery = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"
+        do {
+            let rows = try await withDeadline(.milliseconds(1500), orThrow: { StoreUnavailable() }) {
+                do {
+                    return try await server.client.withConnection { try await send(probe, on: $0, logger: logger) }
+                } catch is ConnectionAlreadyClosed {
+                    // An ended connection says nothing of the server: ask on another.
+                    return try await server.client.withConnection { try await send(probe, on: $0, logger: logger) }
+                }
+            }
+            return try rows.first?.decode(Bool.self) == false
+        } catch {
+            return false
+        }
+    }
+
+    /// After a statement found no answer in time: with several hosts, the next one looks for the
+    /// primary again (the current one may be gone with no connection open to tell it: a pool
+    /// that cannot connect makes its statements wait, not fail).
+    func lookAgain() {
+        guard servers.count > 1 else { return }
+        state.withLock { selection in
+            selection.generation += 1
+            selection.stale = true
+        }
     }
 
     /// After a failure on the server chosen at `generation`: the next statement looks again

@@ -78,7 +78,7 @@ extension PostgresStore {
             """
             UPDATE instances SET last_used_at = \(ms(now)), expires_at = \(ms(expiresAt))
             WHERE id = \(id) AND revoked_at IS NULL AND expires_at > \(ms(now))
-            """, logger: logger)
+            """, repeatable: true, logger: logger)
     }
 
     public func certifyInstance(id: String, as certification: InstanceCertification, now: Date) async throws -> Bool {
@@ -86,7 +86,7 @@ extension PostgresStore {
             """
             UPDATE instances SET certification = \(certification.rawValue), certified_at = \(ms(now))
             WHERE id = \(id) AND revoked_at IS NULL AND expires_at > \(ms(now)) RETURNING 1
-            """, logger: logger)).isEmpty
+            """, repeatable: true, logger: logger)).isEmpty
     }
 
     public func certifyInstance(id: String, appleKeyID: String, publicKey: Data, counter: Int, now: Date) async throws -> Bool {
@@ -95,7 +95,7 @@ extension PostgresStore {
             UPDATE instances SET certification = 'apple', certified_at = \(ms(now)), apple_key_id = \(appleKeyID),
                 apple_public_key = \(publicKey), apple_counter = \(counter)
             WHERE id = \(id) AND revoked_at IS NULL AND expires_at > \(ms(now)) RETURNING 1
-            """, logger: logger)).isEmpty
+            """, repeatable: true, logger: logger)).isEmpty
     }
 
     public func advanceAppleCounter(id: String, to counter: Int, now: Date) async throws -> Bool {

@@ -18,7 +18,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     let logger: Logger
     let telemetry: StoreTelemetry
     /// The database's time (ms) until which this instance heard every revocation: its channel was
-    /// up then (nil before it first listened). Where a catch-up read starts.
+    /// up then, or the migrations ran then, before it served anything (nil before either). Where
+    /// a catch-up read starts.
     let revocationsHeardUntil = Mutex<Int?>(nil)
 
     /// `poolSize`: the connections each host's pool may use for queries (`store.postgres.pool_size`),
@@ -39,6 +40,9 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
 
     /// Applies the migrations this database has not seen, under an advisory lock so instances
     /// starting together apply each exactly once.
+    ///
+    /// Notes the database's clock too: the first LISTEN reads what was revoked since, so nothing
+    /// this instance cached before it listened escapes a revocation.
     public func migrate() async throws {
         let logger = self.logger
         try await database.withConnection { connection in
@@ -53,6 +57,10 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     try await connection.query("INSERT INTO gatehouse_migrations (version) VALUES (\(index + 1))", logger: logger)
                 }
             }
+        }
+        let clock = try await query(PostgresQuery(unsafeSQL: "SELECT \(Self.databaseNow)"), repeatable: true, logger: logger)
+        if let now = try clock.first?.decode(Int.self) {
+            revocationsHeardUntil.withLock { $0 = $0 ?? now }
         }
     }
 
@@ -126,7 +134,8 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                       "instances", "single_use", "certifications", "revocations"] {
             removed += try await count(query(PostgresQuery(unsafeSQL: "DELETE FROM \(table) WHERE expires_at <= $1 RETURNING 1", binds: binds(cutoff)), repeatable: true, logger: logger))
         }
-        let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", repeatable: true, logger: logger)
+        // Not repeatable: sent again after it committed, it would return no ids and leave their tokens.
+        let ended = try await query("DELETE FROM sessions WHERE expires_at <= \(cutoff) RETURNING id", logger: logger)
         for row in ended {
             let id = try row.decode(String.self)
             removed += 1
@@ -338,7 +347,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
               AND (t.lease_until IS NULL OR t.lease_until <= \(ms(now)) OR t.lease_owner = excluded.lease_owner)
               AND (t.answered_at IS NULL OR (NOT t.rotated AND t.answer_sealed IS NOT NULL AND t.answered_at < \(ms(answeredBefore))))
             RETURNING 1
-            """, logger: logger)) > 0
+            """, repeatable: true, logger: logger)) > 0
     }
 
     public func answerPassthroughRefresh(hash: String, sealed: Data?, rotated: Bool, now: Date, keepUntil: Date) async throws -> Bool {
@@ -365,8 +374,9 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     static let revocationChannel = "gatehouse_revocations"
 
     /// Each announcement is also kept this long (`revocations`), for an instance whose channel
-    /// was down when it was made (a failover, a restart of the database) to read on its return.
-    static let revocationRetention = 10 * 60 * 1000
+    /// was down when it was made (a failover, a restart of the database) to read on its return:
+    /// 24 h, the longest an identity-cache entry may live (`identity.cache_ttl`).
+    static let revocationRetention = 24 * 60 * 60 * 1000
 
     /// How far before the last moment an instance knew its channel was up it reads again on its
     /// return: the two servers' clocks of a failover may differ, and a message read twice is harmless.
@@ -402,13 +412,14 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     public func listenForRevocations(heartbeat: Duration = .seconds(5), onListening: @escaping @Sendable () -> Void,
                                      _ handle: @escaping @Sendable (String) async -> Void) async throws {
         let logger = self.logger
+        // A statement first, under its deadline: with the primary gone and no connection open, the
+        // pool would make the LISTEN's connection wait; this fails instead, and looks for the primary.
+        try await query("SELECT 1", repeatable: true, logger: logger)
         try await database.withConnection { connection in
             @Sendable func databaseNow() async throws -> Int {
                 try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
-                    var now = 0
-                    for try await value in try await connection.query(PostgresQuery(unsafeSQL: "SELECT \(Self.databaseNow)"), logger: logger)
-                        .decode(Int.self) { now = value }
-                    return now
+                    let rows = try await PostgresServers.send(PostgresQuery(unsafeSQL: "SELECT \(Self.databaseNow)"), on: connection, logger: logger)
+                    return try rows.first?.decode(Int.self) ?? 0
                 }
             }
             try await connection.listen(on: Self.revocationChannel) { notifications in
@@ -418,7 +429,7 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     let missed = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
                         let statement: PostgresQuery = "SELECT message FROM revocations WHERE announced_at >= \(since - Self.catchUpMargin) ORDER BY id"
                         var messages: [String] = []
-                        for try await message in try await connection.query(statement, logger: logger).decode(String.self) { messages.append(message) }
+                        for row in try await PostgresServers.send(statement, on: connection, logger: logger) { messages.append(try row.decode(String.self)) }
                         return messages
                     }
                     if !missed.isEmpty {
@@ -463,8 +474,13 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
     func query(_ query: PostgresQuery, repeatable: Bool = false, logger: Logger) async throws -> [PostgresRow] {
         let database = self.database
         return try await telemetry.measure {
-            try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
-                try await database.query(query, repeatable: repeatable, logger: logger)
+            do {
+                return try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
+                    try await database.query(query, repeatable: repeatable, logger: logger)
+                }
+            } catch let error as StoreUnavailable where error.reason == .timeout {
+                database.lookAgain()
+                throw error
             }
         }
     }
