@@ -91,6 +91,9 @@ def failover_table(figures, failed="", log=""):
         if isinstance(mode_figures, str):
             notes.append(f"- {mode}: no figures ({mode_figures})")
             continue
+        statuses = mode_figures.get("exit_statuses")
+        if statuses and any(status != 0 for status in statuses):
+            notes.append(f"- {mode}: exit statuses after SIGTERM {statuses} (None: still running 40 s later)")
         for event in EVENTS:
             f = mode_figures.get(event)
             if not f:

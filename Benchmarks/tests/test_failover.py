@@ -105,3 +105,12 @@ def test_the_files_are_read_per_mode(tmp_path):
     assert len(table_rows(text)) == 2 and "- asynchronous: no figures (unreadable failover-asynchronous.json: " in text
     (tmp_path / "failover-asynchronous.json").write_text("[]")
     assert failover.load_figures(tmp_path)["asynchronous"] == "failover-asynchronous.json holds no JSON object"
+
+
+def test_an_instance_that_did_not_stop_cleanly_is_noted():
+    figures = {"synchronous": {"switchover": phase(), "failover": phase(), "exit_statuses": [0, -4]},
+               "asynchronous": {"switchover": phase(), "failover": phase(), "exit_statuses": [0, 0]}}
+    text = failover.failover_table(figures)
+    assert "- synchronous: exit statuses after SIGTERM [0, -4]" in text
+    assert "asynchronous: exit statuses" not in text
+    assert len(table_rows(text)) == 4

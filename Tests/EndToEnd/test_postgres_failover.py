@@ -90,6 +90,23 @@ routes:
     return processes, urls
 
 
+def stop_gatehouses(processes):
+    """SIGTERM to every instance, then each one's exit status (None: still running after 40 s,
+    then killed)."""
+    import subprocess
+    for process in processes:
+        process.terminate()
+    statuses = []
+    for process in processes:
+        try:
+            statuses.append(process.wait(40))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            statuses.append(None)
+    return statuses
+
+
 def test_two_instances_through_a_switchover_and_a_failover(stack, workdir, upstream, relay_doubles, gatehouse, seen):
     mode, patroni = stack
     processes, urls = start_gatehouses(patroni, workdir, upstream, relay_doubles, gatehouse, mode)
@@ -117,16 +134,18 @@ def test_two_instances_through_a_switchover_and_a_failover(stack, workdir, upstr
 
         results["failover"] = failover.run(event=kill)
     finally:
-        for process in processes:
-            process.terminate()
-            process.wait(10)
+        stopped = stop_gatehouses(processes)
+    results["exit_statuses"] = stopped
     (workdir / f"failover-{mode}.json").write_text(json.dumps(results, indent=2))
     if os.environ.get("FAILOVER_FIGURES"):  # Benchmarks/run --only failover reads them from there
         Path(os.environ["FAILOVER_FIGURES"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["FAILOVER_FIGURES"]) / f"failover-{mode}.json").write_text(json.dumps(results, indent=2))
     print(f"\n{mode}: {json.dumps(results, indent=1)}")
+    # After a failover, SIGTERM still stops every instance: within its shutdown_timeout (25 s) and
+    # the 5 s its services have to end once cancelled.
+    assert None not in stopped, f"an instance still ran 40 s after SIGTERM: {stopped} (logs: {workdir}/failover-{mode}-*.log)"
 
-    for phase, figures in results.items():
+    for phase, figures in ((phase, results[phase]) for phase in ("switchover", "failover")):
         assert figures["unexpected"] == {}, (phase, figures)
         if mode == "synchronous":
             assert (phase, figures["sessions_lost"], figures["revocations_undone"], figures["replays_accepted"]) == (phase, 0, 0, 0), figures

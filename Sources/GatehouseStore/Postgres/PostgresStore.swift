@@ -422,37 +422,43 @@ public final class PostgresStore: AuthorizationStore, SessionStore, PassthroughT
                     return try rows.first?.decode(Int.self) ?? 0
                 }
             }
-            try await connection.listen(on: Self.revocationChannel) { notifications in
-                // From here every announcement reaches `notifications`; what came before is in the table.
-                let listening = try await databaseNow()
-                if let since = self.revocationsHeardUntil.withLock({ $0 }) {
-                    let missed = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
-                        let statement: PostgresQuery = "SELECT message FROM revocations WHERE announced_at >= \(since - Self.catchUpMargin) ORDER BY id"
-                        var messages: [String] = []
-                        for row in try await PostgresServers.send(statement, on: connection, logger: logger) { messages.append(try row.decode(String.self)) }
-                        return messages
-                    }
-                    if !missed.isEmpty {
-                        logger.notice("read the revocations announced while the channel was down", metadata: ["count": "\(missed.count)"])
-                    }
-                    for message in missed { await handle(message) }
-                }
-                self.revocationsHeardUntil.withLock { $0 = listening }
-                onListening()
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    group.addTask {
-                        for try await notification in notifications { await handle(notification.payload) }
-                    }
-                    group.addTask {
-                        while true {
-                            try await Task.sleep(for: heartbeat)
-                            let now = try await databaseNow()
-                            self.revocationsHeardUntil.withLock { $0 = now }
+            // PostgresNIO's LISTEN does not end when cancelled: closing the connection ends it.
+            try await withTaskCancellationHandler {
+                try await connection.listen(on: Self.revocationChannel) { notifications in
+                    // From here every announcement reaches `notifications`; what came before is in the table.
+                    let listening = try await databaseNow()
+                    if let since = self.revocationsHeardUntil.withLock({ $0 }) {
+                        let missed = try await withDeadline(Self.queryTimeout, orThrow: { StoreUnavailable() }) {
+                            let statement: PostgresQuery = "SELECT message FROM revocations WHERE announced_at >= \(since - Self.catchUpMargin) ORDER BY id"
+                            var messages: [String] = []
+                            for row in try await PostgresServers.send(statement, on: connection, logger: logger) { messages.append(try row.decode(String.self)) }
+                            return messages
                         }
+                        if !missed.isEmpty {
+                            logger.notice("read the revocations announced while the channel was down", metadata: ["count": "\(missed.count)"])
+                        }
+                        for message in missed { await handle(message) }
                     }
-                    defer { group.cancelAll() }
-                    try await group.next()
+                    self.revocationsHeardUntil.withLock { $0 = listening }
+                    onListening()
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        group.addTask {
+                            for try await notification in notifications { await handle(notification.payload) }
+                        }
+                        group.addTask {
+                            while true {
+                                try await Task.sleep(for: heartbeat)
+                                let now = try await databaseNow()
+                                self.revocationsHeardUntil.withLock { $0 = now }
+                            }
+                        }
+                        defer { group.cancelAll() }
+                        try await group.next()
+                    }
                 }
+            } onCancel: {
+                let closing: EventLoopFuture<Void> = connection.close()
+                closing.whenComplete { _ in }
             }
         }
     }
