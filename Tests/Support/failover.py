@@ -2,9 +2,9 @@
 users (sealed sessions refreshing, relayed calls, sign-outs) on two instances while Patroni moves
 the primary (a planned switchover, or the primary killed), then what the failover cost.
 
-    phase = FailoverPhase(urls, seen, sign_in)       # sign_in(instance) -> (app, pair)
-    phase.prepare(40, revoked=4)                    # 40 sessions, 4 of them signed out
-    figures = phase.run(event=lambda: stack.switchover(), revoke_during=2)
+    phase = FailoverPhase(urls, sign_in)             # sign_in(instance) -> (app, pair)
+    phase.prepare(40)                               # 40 sessions, signed in on the instances in turn
+    figures = phase.run(event=lambda: stack.switchover())   # 2 sign-outs before the event, 2 during it
 
 `figures` (JSON-able):
 - sessions_lost: sessions whose latest refresh token (the last one the app received) is refused
@@ -62,11 +62,19 @@ class FailoverPhase:
         with self.lock:
             self.answers.append((sent, time.monotonic(), instance, kind, status, retry_after))
 
+    def exchange(self, instance, session, refresh_token):
+        """POST /oauth/token with `refresh_token` of `session`'s app (not recorded)."""
+        return requests.post(f"{self.urls[instance]}/oauth/token", timeout=15, data={
+            "grant_type": "refresh_token", "refresh_token": refresh_token, "client_id": session.app.client_id})
+
+    def call(self, instance, access_token):
+        """A relayed call with `access_token` (not recorded)."""
+        return requests.get(self.urls[instance] + self.relay_path, timeout=15, headers={"Authorization": "Bearer " + access_token})
+
     def refresh(self, session, instance):
         sent = time.monotonic()
         try:
-            response = requests.post(f"{self.urls[instance]}/oauth/token", timeout=15, data={
-                "grant_type": "refresh_token", "refresh_token": session.pair["refresh_token"], "client_id": session.app.client_id})
+            response = self.exchange(instance, session, session.pair["refresh_token"])
         except requests.RequestException:
             response = None
         self.record(sent, instance, "refresh", response)
@@ -80,8 +88,7 @@ class FailoverPhase:
     def relay(self, session, instance):
         sent = time.monotonic()
         try:
-            response = requests.get(self.urls[instance] + self.relay_path, timeout=15,
-                                    headers={"Authorization": "Bearer " + session.pair["access_token"]})
+            response = self.call(instance, session.pair["access_token"])
         except requests.RequestException:
             response = None
         self.record(sent, instance, "relay", response)
@@ -185,10 +192,10 @@ class FailoverPhase:
                 }
         return result
 
-    def after_the_failover(self, session, action):
-        """`action(instance)` on the first instance until it is not a 503 (the store may still be moving)."""
+    def after_the_failover(self, action):
+        """`action()` until its answer is not a 503 (the store may still be moving)."""
         for _ in range(120):
-            response = action(0)
+            response = action()
             if response is not None and response.status_code != 503:
                 return response
             time.sleep(0.25)
@@ -200,7 +207,7 @@ class FailoverPhase:
         for session in self.sessions:
             if session.revoked or session.lost:
                 continue
-            answer = self.after_the_failover(session, lambda instance: self.refresh(session, instance))
+            answer = self.after_the_failover(lambda: self.refresh(session, 0))
             if answer.status_code != 200:
                 lost.append(session)
         # Sign-outs: nothing of a revoked session works on any instance.
@@ -208,10 +215,8 @@ class FailoverPhase:
         for session in (s for s in self.sessions if s.revoked):
             works = False
             for instance in range(len(self.urls)):
-                refresh = self.after_the_failover(session, lambda _: requests.post(f"{self.urls[instance]}/oauth/token", timeout=15, data={
-                    "grant_type": "refresh_token", "refresh_token": session.pair["refresh_token"], "client_id": session.app.client_id}))
-                relay = self.after_the_failover(session, lambda _: requests.get(
-                    self.urls[instance] + self.relay_path, timeout=15, headers={"Authorization": "Bearer " + session.pair["access_token"]}))
+                refresh = self.after_the_failover(lambda: self.exchange(instance, session, session.pair["refresh_token"]))
+                relay = self.after_the_failover(lambda: self.call(instance, session.pair["access_token"]))
                 works = works or refresh.status_code == 200 or relay.status_code == 200
             undone += works
         # Replays: a refresh token the app already exchanged and saw replaced, before the event.
@@ -220,8 +225,7 @@ class FailoverPhase:
             if session.revoked or session in lost or len(session.chain) < 3:
                 continue
             spent = session.chain[-3]["refresh_token"]
-            answer = self.after_the_failover(session, lambda instance: requests.post(f"{self.urls[instance]}/oauth/token", timeout=15, data={
-                "grant_type": "refresh_token", "refresh_token": spent, "client_id": session.app.client_id}))
+            answer = self.after_the_failover(lambda: self.exchange(0, session, spent))
             if answer.status_code == 200:
                 session.app._remember(answer.json()["access_token"], answer.json()["refresh_token"], kind="Gatehouse token")
                 known = {pair["refresh_token"] for pair in session.chain}

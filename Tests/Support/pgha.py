@@ -229,16 +229,10 @@ class PatroniStack:
     def primary(self):
         """The name of the member Patroni calls the leader now (its /cluster, asked of any
         member that answers), or None."""
-        for node in self._nodes.values():
-            try:
-                status, body = self._rest(node, "GET", "/cluster")
-            except OSError:
-                continue
-            if status == 200:
-                leaders = [member["name"] for member in json.loads(body).get("members", [])
-                           if member.get("role") in ("leader", "primary")]
-                return leaders[0] if leaders else None
-        return None
+        document = self.cluster()
+        leaders = [member["name"] for member in (document or {}).get("members", [])
+                   if member.get("role") in ("leader", "primary")]
+        return leaders[0] if leaders else None
 
     def cluster(self):
         """Patroni's /cluster document (members, roles, states, lags), from any member that answers."""

@@ -106,15 +106,15 @@ public final class PostgresServers: Service, Sendable {
                     try await Self.send(query, on: connection, logger: logger)
                 }
             } catch let error as PSQLError where Self.isReadOnly(error) {
-                markStale(generation)
+                lookAgain(after: generation)
                 logger.warning("the database server is read-only (a standby or a demoted primary); looking for the primary",
                                metadata: ["postgres_host": .string(servers[index].endpoint)])
                 guard attemptsLeft > 0 else { throw StoreUnavailable(reason: .readOnly) }
             } catch is ConnectionAlreadyClosed {
-                markStale(generation)
+                lookAgain(after: generation)
                 guard attemptsLeft > 0 else { throw StoreUnavailable(reason: .connectionLost) }
             } catch let error as PSQLError where Self.isConnectionLost(error) {
-                markStale(generation)
+                lookAgain(after: generation)
                 guard repeatable, attemptsLeft > 0 else {
                     throw StoreUnavailable(reason: .connectionLost)
                 }
@@ -124,7 +124,7 @@ public final class PostgresServers: Service, Sendable {
                 throw CancellationError()
             } catch {
                 // The pool could lend no connection (it gave up connecting): nothing was sent.
-                markStale(generation)
+                lookAgain(after: generation)
                 guard attemptsLeft > 0 else { throw StoreUnavailable(reason: .connectionLost) }
             }
         }
@@ -160,7 +160,7 @@ public final class PostgresServers: Service, Sendable {
         do {
             return try await servers[index].client.withConnection(body)
         } catch let error as PSQLError where Self.isReadOnly(error) || Self.isConnectionLost(error) {
-            markStale(generation)
+            lookAgain(after: generation)
             throw error
         }
     }
@@ -224,23 +224,16 @@ public final class PostgresServers: Service, Sendable {
         }
     }
 
-    /// After a statement found no answer in time: with several hosts, the next one looks for the
-    /// primary again (the current one may be gone with no connection open to tell it: a pool
-    /// that cannot connect makes its statements wait, not fail).
-    func lookAgain() {
+    /// After a failure: with several hosts, the next statement looks for the primary again (with
+    /// one host there is nothing to choose, and the pool reconnects by itself). `generation`: the
+    /// look-up the failed statement used; a failure from before a later look-up changes nothing.
+    /// Without it (a statement that found no answer in time, from `PostgresStore`), it always
+    /// counts: the current host may be gone with no connection open to say so, and a pool that
+    /// cannot connect makes its statements wait, not fail.
+    func lookAgain(after generation: Int? = nil) {
         guard servers.count > 1 else { return }
         state.withLock { selection in
-            selection.generation += 1
-            selection.stale = true
-        }
-    }
-
-    /// After a failure on the server chosen at `generation`: the next statement looks again
-    /// (with one host, there is nothing to choose and the pool reconnects by itself).
-    private func markStale(_ generation: Int) {
-        guard servers.count > 1 else { return }
-        state.withLock { selection in
-            guard selection.generation == generation else { return }
+            guard generation == nil || selection.generation == generation else { return }
             selection.generation += 1
             selection.stale = true
         }
